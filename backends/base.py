@@ -1,0 +1,96 @@
+"""The storage-tier contract: what the service needs from a place that holds chunk bytes.
+
+A tier stores immutable chunks addressed by a 16-byte digest of (bucket, key) (``gateway.keys``);
+a key never becomes a path or an object name. Chunks are self-describing: ``ChunkMeta`` (bucket, key,
+size, checksum, timestamps) is recoverable from the tier alone, so the index can be rebuilt from it.
+
+Writes are staged: bytes go to a private staging area, and ``publish`` makes the chunk visible
+atomically and only if no chunk with that digest exists (create-if-absent). A staged write that is
+neither published nor discarded (a crash) leaves only staging garbage that ``cleanup_staging`` removes;
+a reader can never see a partial chunk.
+
+Reads trust nothing: the service verifies checksums itself; a tier only reports what it holds.
+Every method may raise the ``backends.errors`` tree and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMeta:
+    """What a tier records beside a chunk's bytes (and the index caches)."""
+
+    bucket: str
+    key: str
+    size: int
+    checksum: int  # xxh3-64 of the bytes
+    created: float  # unix seconds
+    expires: float = 0.0  # unix seconds; 0 means never
+    parent: str | None = None  # key of the previous chunk in its prefix chain, when a client said so
+
+
+class StagedChunk(Protocol):
+    """One in-progress write. Exactly one of ``publish`` / ``discard`` must be awaited."""
+
+    async def write(self, data: bytes) -> None:
+        """Append bytes. May raise StorageFull or TierUnavailable (then call ``discard``)."""
+
+    async def publish(self, meta: ChunkMeta) -> bool:
+        """Make the chunk visible if absent. True if this write created it, False if one existed.
+
+        Either way the staging area is cleaned. Durable before returning when the tier's sync
+        policy says so.
+        """
+
+    async def discard(self) -> None:
+        """Drop the staged bytes. Safe to call after a failed ``write`` or twice."""
+
+
+class Tier(Protocol):
+    """A place that holds chunk bytes: the POSIX/NFS directory tier, the S3 tier, the test memory tier."""
+
+    name: str
+
+    async def stage(self, digest: bytes) -> StagedChunk: ...
+
+    async def read(self, digest: bytes, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset+length)`` of the chunk's data; short only if the chunk is truncated."""
+        ...
+
+    def stream(self, digest: bytes, offset: int, length: int, window: int) -> AsyncIterator[bytes]:
+        """The same bytes in pieces of at most ``window`` bytes, opening the chunk once."""
+        ...
+
+    async def stat(self, digest: bytes) -> ChunkMeta:
+        """The chunk's recorded metadata, from the tier alone. ChunkNotFound if absent."""
+        ...
+
+    async def stat_many(self, digests: list[bytes]) -> list[ChunkMeta | None]:
+        """``stat`` for many chunks in one call; None for absent or unreadable ones."""
+        ...
+
+    async def delete(self, digest: bytes) -> bool:
+        """Remove the chunk; False if it was not there."""
+        ...
+
+    async def quarantine(self, digest: bytes) -> bool:
+        """Move a chunk whose bytes failed verification out of the way (kept for inspection)."""
+        ...
+
+    def scan(self) -> AsyncIterator[tuple[bytes, ChunkMeta | None]]:
+        """Every published chunk as (digest, meta); meta is None when unreadable (scrub reports it)."""
+        ...
+
+    async def cleanup_staging(self, older_than: float) -> int:
+        """Remove staging leftovers of dead writers; returns how many were removed."""
+        ...
+
+    async def usage(self) -> int:
+        """Bytes the tier's chunks occupy (for capacity checks); may be approximate."""
+        ...
+
+    async def close(self) -> None: ...

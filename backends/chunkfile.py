@@ -1,0 +1,68 @@
+"""Self-describing chunk encoding: the chunk's bytes followed by a footer that records its ChunkMeta.
+
+Layout of a chunk file (and of a chunk object in the S3 tier)::
+
+    data[size] | meta_json[n] | n:u32 | "KVGWCF01"
+
+A footer rather than a header: the checksum is only known after the body has streamed through, data
+starts at offset 0 so range reads need no arithmetic, and the footer is written last, so a file that
+has its magic has all of its bytes. JSON keeps the format inspectable and extensible.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from backends.base import ChunkMeta
+from backends.errors import ChunkCorrupt
+
+MAGIC = b"KVGWCF01"
+TAIL = struct.Struct("<I8s")
+MAX_META_BYTES = 64 * 1024
+
+
+def encode_footer(meta: ChunkMeta) -> bytes:
+    doc = {
+        "v": 1,
+        "bucket": meta.bucket,
+        "key": meta.key,
+        "size": meta.size,
+        "checksum": f"{meta.checksum:016x}",
+        "created": meta.created,
+        "expires": meta.expires,
+    }
+    if meta.parent is not None:
+        doc["parent"] = meta.parent
+    body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return body + TAIL.pack(len(body), MAGIC)
+
+
+def footer_length(tail: bytes) -> int:
+    """Length of the meta JSON given the last ``TAIL.size`` bytes of the object."""
+    if len(tail) != TAIL.size:
+        raise ChunkCorrupt("chunk is shorter than its footer")
+    n, magic = TAIL.unpack(tail)
+    if magic != MAGIC or n > MAX_META_BYTES:
+        raise ChunkCorrupt("chunk footer is missing or damaged")
+    return int(n)
+
+
+def decode_meta(body: bytes, total_size: int) -> ChunkMeta:
+    """Parse the meta JSON and check it against the object's total size (data + footer)."""
+    try:
+        doc = json.loads(body)
+        meta = ChunkMeta(
+            bucket=str(doc["bucket"]),
+            key=str(doc["key"]),
+            size=int(doc["size"]),
+            checksum=int(doc["checksum"], 16),
+            created=float(doc["created"]),
+            expires=float(doc.get("expires", 0.0)),
+            parent=doc.get("parent"),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ChunkCorrupt("chunk footer is not valid metadata") from exc
+    if meta.size + len(body) + TAIL.size != total_size:
+        raise ChunkCorrupt("chunk size does not match its footer")
+    return meta

@@ -1,0 +1,354 @@
+"""The filesystem tier: a POSIX directory on local disk or an NFS mount shared by several gateways.
+
+Layout under the root::
+
+    chunks/ab/cd/<32 hex digest>     published chunks (data + footer, see chunkfile)
+    staging/<host>.<pid>.<n>.part    in-progress writes of one gateway process
+    quarantine/<digest>.<unix time>  chunks that failed verification
+
+Publishing is ``link(staged, final)``: link never overwrites, so it is an atomic create-if-absent
+across processes and hosts (also on NFS, unlike ``rename``). A lost NFS reply can make a link that
+succeeded report EEXIST on retransmission; the staged file's link count tells the truth. With the
+fsync policy on, the data is fsynced before the link and the directory after it.
+
+Blocking calls run in worker threads so the event loop only ever waits on futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from backends import chunkfile
+from backends.base import ChunkMeta
+from backends.errors import BackendError, ChunkNotFound, StorageFull, TierUnavailable
+
+T = TypeVar("T")
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_UNAVAILABLE_ERRNOS = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOTCONN, errno.EHOSTDOWN}
+_STAGING_SUFFIX = ".part"
+_FLUSH_BYTES = 1 << 20
+
+
+def _translate(exc: OSError, what: str) -> BackendError:
+    if isinstance(exc, FileNotFoundError):
+        return ChunkNotFound(what)
+    if exc.errno in _FULL_ERRNOS:
+        return StorageFull(f"{what}: {exc.strerror}")
+    if exc.errno in _UNAVAILABLE_ERRNOS:
+        return TierUnavailable(f"{what}: {exc.strerror}")
+    return BackendError(f"{what}: {exc.strerror or exc}")
+
+
+async def _run(fn: Callable[..., T], *args: object, what: str) -> T:
+    """Run a blocking filesystem call in a worker thread, translating OSError at this boundary."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except OSError as exc:
+        raise _translate(exc, what) from exc
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, pieces: list[bytes]) -> None:
+    views = [memoryview(p) for p in pieces if p]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PosixStagedChunk:
+    """A write in progress: buffered pieces go to a private staging file, published with ``link``."""
+
+    def __init__(self, tier: PosixTier, digest: bytes, staging_path: str, fd: int) -> None:
+        self._tier = tier
+        self._digest = digest
+        self._path = staging_path
+        self._fd: int | None = fd
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+
+    async def write(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= _FLUSH_BYTES:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._pending or self._fd is None:
+            return
+        pieces, self._pending, self._pending_bytes = self._pending, [], 0
+        await _run(_write_all, self._fd, pieces, what="write staged chunk")
+
+    async def publish(self, meta: ChunkMeta) -> bool:
+        self._pending.append(chunkfile.encode_footer(meta))
+        try:
+            await self._flush()
+            return await _run(self._publish_sync, what="publish chunk")
+        finally:
+            await self.discard()
+
+    def _publish_sync(self) -> bool:
+        assert self._fd is not None
+        if self._tier.fsync:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        final = self._tier.path_for(self._digest)
+        shard = os.path.dirname(final)
+        self._tier.ensure_dir(shard)
+        try:
+            os.link(self._path, final)
+            created = True
+        except FileExistsError:
+            # On NFS a retransmitted LINK whose first reply was lost answers EEXIST although our
+            # link took effect: then the staged file has a second name.
+            created = os.stat(self._path).st_nlink > 1
+        if created and self._tier.fsync:
+            _fsync_dir(shard)
+        return created
+
+    async def discard(self) -> None:
+        fd, self._fd = self._fd, None
+        self._pending = []
+        path = self._path
+        self._path = ""
+        if not path:
+            return
+        self._tier.forget_staging(path)
+
+        def cleanup() -> None:
+            if fd is not None:
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+        await _run(cleanup, what="discard staged chunk")
+
+
+class PosixTier:
+    """Chunks as files in a directory tree; safe to share between gateways (see module docstring)."""
+
+    name = "fs"
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.root = root
+        self.fsync = fsync
+        self._chunks = str(root / "chunks")
+        self._staging = str(root / "staging")
+        self._quarantine = str(root / "quarantine")
+        self._host = socket.gethostname().replace(".", "_")
+        self._seq = itertools.count()
+        self._known_dirs: set[str] = set()
+        self._live_staging: set[str] = set()  # this process's writes in progress: never cleaned
+        for path in (self._chunks, self._staging, self._quarantine):
+            os.makedirs(path, exist_ok=True)
+
+    def path_for(self, digest: bytes) -> str:
+        name = digest.hex()
+        return f"{self._chunks}/{name[:2]}/{name[2:4]}/{name}"
+
+    def ensure_dir(self, path: str) -> None:
+        if path in self._known_dirs:
+            return
+        if not os.path.isdir(path):
+            parent = os.path.dirname(path)
+            os.makedirs(path, exist_ok=True)
+            if self.fsync:
+                _fsync_dir(parent)
+                _fsync_dir(os.path.dirname(parent))
+        self._known_dirs.add(path)
+
+    async def stage(self, digest: bytes) -> PosixStagedChunk:
+        path = f"{self._staging}/{self._host}.{os.getpid()}.{next(self._seq)}{_STAGING_SUFFIX}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = await _run(os.open, path, flags, 0o644, what="create staged chunk")
+        self._live_staging.add(path)
+        return PosixStagedChunk(self, digest, path, fd)
+
+    def forget_staging(self, path: str) -> None:
+        self._live_staging.discard(path)
+
+    async def read(self, digest: bytes, offset: int, length: int) -> bytes:
+        return await _run(self._read_sync, self.path_for(digest), offset, length, what="read chunk")
+
+    @staticmethod
+    def _read_sync(path: str, offset: int, length: int) -> bytes:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    async def stream(self, digest: bytes, offset: int, length: int, window: int) -> AsyncIterator[bytes]:
+        path = self.path_for(digest)
+        fd = await _run(os.open, path, os.O_RDONLY | os.O_CLOEXEC, what="open chunk")
+        try:
+            end = offset + length
+            while offset < end:
+                piece = await _run(os.pread, fd, min(window, end - offset), offset, what="read chunk")
+                if not piece:
+                    return
+                offset += len(piece)
+                yield piece
+        finally:
+            os.close(fd)
+
+    async def stat(self, digest: bytes) -> ChunkMeta:
+        return await _run(self._stat_sync, self.path_for(digest), what="stat chunk")
+
+    @staticmethod
+    def _stat_sync(path: str) -> ChunkMeta:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            total = os.fstat(fd).st_size
+            tail_at = max(total - chunkfile.TAIL.size, 0)
+            n = chunkfile.footer_length(os.pread(fd, chunkfile.TAIL.size, tail_at))
+            body = os.pread(fd, n, tail_at - n) if tail_at >= n else b""
+            return chunkfile.decode_meta(body, total)
+        finally:
+            os.close(fd)
+
+    async def stat_many(self, digests: list[bytes]) -> list[ChunkMeta | None]:
+        def stat_all() -> list[ChunkMeta | None]:
+            out: list[ChunkMeta | None] = []
+            for digest in digests:
+                try:
+                    out.append(self._stat_sync(self.path_for(digest)))
+                except FileNotFoundError:
+                    out.append(None)
+                except BackendError:
+                    out.append(None)  # damaged: absent for lookups; scrub quarantines it
+            return out
+
+        return await _run(stat_all, what="stat chunks")
+
+    async def delete(self, digest: bytes) -> bool:
+        def unlink() -> bool:
+            try:
+                os.unlink(self.path_for(digest))
+            except FileNotFoundError:
+                return False
+            return True
+
+        return await _run(unlink, what="delete chunk")
+
+    async def quarantine(self, digest: bytes) -> bool:
+        def move() -> bool:
+            target = f"{self._quarantine}/{digest.hex()}.{time.time():.0f}"
+            try:
+                os.rename(self.path_for(digest), target)
+            except FileNotFoundError:
+                return False
+            return True
+
+        return await _run(move, what="quarantine chunk")
+
+    async def scan(self) -> AsyncIterator[tuple[bytes, ChunkMeta | None]]:
+        shards = await _run(self._list_shards, what="list chunk directories")
+        for shard in shards:
+            entries = await _run(self._scan_shard, shard, what="scan chunk directory")
+            for item in entries:
+                yield item
+
+    def _list_shards(self) -> list[str]:
+        shards: list[str] = []
+        for first in sorted(os.listdir(self._chunks)):
+            top = f"{self._chunks}/{first}"
+            if os.path.isdir(top):
+                shards.extend(f"{top}/{second}" for second in sorted(os.listdir(top)))
+        return shards
+
+    def _scan_shard(self, shard: str) -> list[tuple[bytes, ChunkMeta | None]]:
+        found: list[tuple[bytes, ChunkMeta | None]] = []
+        try:
+            names = sorted(os.listdir(shard))
+        except FileNotFoundError:
+            return found
+        for name in names:
+            try:
+                digest = bytes.fromhex(name)
+            except ValueError:
+                continue
+            try:
+                meta: ChunkMeta | None = self._stat_sync(f"{shard}/{name}")
+            except FileNotFoundError:
+                continue
+            except BackendError:
+                meta = None
+            found.append((digest, meta))
+        return found
+
+    async def cleanup_staging(self, older_than: float) -> int:
+        return await _run(self._cleanup_sync, older_than, what="clean staging area")
+
+    def _cleanup_sync(self, older_than: float) -> int:
+        """Remove staged files of dead local writers, and any staged file idle for ``older_than`` s.
+
+        A file named with this host and this pid that is not one of our live writes belongs to an
+        earlier process that had the same pid (containers restart as pid 1).
+        """
+        removed = 0
+        now = time.time()
+        me = os.getpid()
+        for entry in os.scandir(self._staging):
+            if not entry.name.endswith(_STAGING_SUFFIX) or entry.path in self._live_staging:
+                continue
+            host, _, rest = entry.name.partition(".")
+            pid_text = rest.split(".", 1)[0]
+            dead_local = host == self._host and pid_text.isdigit() and (
+                int(pid_text) == me or not _pid_alive(int(pid_text))
+            )
+            try:
+                stale = now - entry.stat().st_mtime > older_than
+                if dead_local or stale:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+    async def usage(self) -> int:
+        def walk() -> int:
+            total = 0
+            for dirpath, _, files in os.walk(self._chunks):
+                for name in files:
+                    try:
+                        total += os.stat(f"{dirpath}/{name}").st_size
+                    except FileNotFoundError:
+                        continue
+            return total
+
+        return await _run(walk, what="measure tier usage")
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,431 @@
+"""The native chunk API (v1), as a raw ASGI application over the chunk service.
+
+    PUT    /v1/buckets/{bucket}/chunks/{key}    201 stored | 200 + X-Kvgw-Existed (write-once)
+    GET    /v1/buckets/{bucket}/chunks/{key}    bytes; one Range (206 / 416)
+    HEAD   /v1/buckets/{bucket}/chunks/{key}
+    DELETE /v1/buckets/{bucket}/chunks/{key}    root only
+    POST   /v1/buckets/{bucket}/exists          {"keys": [...]} -> {"exists": [bool, ...]}
+    POST   /v1/buckets/{bucket}/prefix          {"keys": [...]} -> {"length": n}
+    POST   /v1/buckets/{bucket}/batch-get       {"keys": [...]} -> framed stream (gateway.wire)
+
+Keys are the percent-encoded rest of the path after ``chunks/`` (they may contain ``/``). Errors are
+``{"error": {"code", "message", "request_id"}}`` with the status from ``STATUS``; nothing else in
+this module chooses a status for an error. A 500 never carries a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway import wire
+from gateway.access import Action, Directory, Principal
+from gateway.api.http import (
+    Headers,
+    Message,
+    Receive,
+    Request,
+    Scope,
+    Send,
+    http_date,
+    json_body,
+    path_segment,
+    send_response,
+)
+from gateway.errors import (
+    ChunkTooLarge,
+    InternalError,
+    InvalidKey,
+    InvalidRange,
+    InvalidRequest,
+    KvgwError,
+    NoSuchChunk,
+    PreconditionFailed,
+    Unauthorized,
+)
+from gateway.keys import InvalidKeyError, is_valid_bucket_name, validate_key
+from gateway.service import ChunkBody, ChunkInfo, ChunkService, parse_ttl
+
+log = logging.getLogger("kvgw.api")
+
+E = wire.ErrorCode
+STATUS: dict[str, int] = {
+    E.NO_SUCH_BUCKET: 404,
+    E.NO_SUCH_CHUNK: 404,
+    E.NOT_FOUND: 404,
+    E.INVALID_KEY: 400,
+    E.INVALID_REQUEST: 400,
+    E.INCOMPLETE_BODY: 400,
+    E.BAD_DIGEST: 400,
+    E.INVALID_RANGE: 416,
+    E.MISSING_CONTENT_LENGTH: 411,
+    E.CHUNK_TOO_LARGE: 413,
+    E.PRECONDITION_FAILED: 412,
+    E.UNAUTHORIZED: 401,
+    E.ACCESS_DENIED: 403,
+    E.METHOD_NOT_ALLOWED: 405,
+    E.INSUFFICIENT_STORAGE: 507,
+    E.SERVICE_UNAVAILABLE: 503,
+    E.INTERNAL_ERROR: 500,
+}
+
+MAX_JSON_BYTES = 8 << 20
+MAX_KEYS_PER_CALL = 100_000
+ERROR_DRAIN_LIMIT = 8 << 20
+BUCKETS_PREFIX = "/v1/buckets/"
+
+
+class MethodNotAllowed(KvgwError):
+    code = E.METHOD_NOT_ALLOWED
+    default_message = "method not allowed on this resource"
+
+
+class NotFound(KvgwError):
+    code = E.NOT_FOUND
+    default_message = "no such API endpoint"
+
+
+Handler = Callable[[Request, Send, str, str], Awaitable[None]]
+
+
+class NativeAPI:
+    def __init__(self, service: ChunkService, directory: Directory) -> None:
+        self.service = service
+        self.directory = directory
+        self._chunk_handlers: dict[str, Handler] = {
+            "GET": self._get,
+            "HEAD": self._head,
+            "PUT": self._put,
+            "DELETE": self._delete,
+        }
+        self._post_handlers: dict[str, Handler] = {
+            "exists": self._exists,
+            "prefix": self._prefix,
+            "batch-get": self._batch_get,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        req = Request(scope, receive)
+        state = _ResponseState(send)
+        try:
+            handler, bucket, key = self._route(req)
+            await handler(req, state.send, bucket, key)
+        except KvgwError as exc:
+            await self._send_error(req, state, exc)
+        except Exception:
+            log.exception("unhandled error in %s %s (request %s)", req.method, req.raw_path, req.request_id)
+            await self._send_error(req, state, InternalError())
+
+    def _route(self, req: Request) -> tuple[Handler, str, str]:
+        path = req.raw_path
+        if not path.startswith(BUCKETS_PREFIX):
+            raise NotFound()
+        bucket, sep, rest = path[len(BUCKETS_PREFIX) :].partition("/")
+        if not sep:
+            raise NotFound()
+        if rest.startswith("chunks/"):
+            handler = self._chunk_handlers.get(req.method)
+            if handler is None:
+                raise MethodNotAllowed()
+            try:
+                key = path_segment(rest[len("chunks/") :])
+                validate_key(key)
+            except (InvalidKeyError, ValueError) as exc:
+                raise InvalidKey(str(exc) if isinstance(exc, InvalidKeyError) else "key is not UTF-8") from None
+            return handler, bucket, key
+        post = self._post_handlers.get(rest)
+        if post is None:
+            raise NotFound()
+        if req.method != "POST":
+            raise MethodNotAllowed()
+        return post, bucket, ""
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _principal(self, req: Request) -> Principal:
+        auth = req.header("authorization")
+        if auth is None:
+            return self.directory.anonymous
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer":
+            raise Unauthorized("use Authorization: Bearer <access_key>:<secret_key>")
+        return self.directory.authenticate_bearer(token.strip())
+
+    async def _authorized_bucket(self, req: Request, name: str, action: Action) -> Any:
+        principal = self._principal(req)
+        if not is_valid_bucket_name(name):
+            raise InvalidRequest(f"invalid bucket name {name!r}")
+        bucket = await self.service.bucket(name)
+        self.directory.authorize(principal, bucket, action)
+        return bucket
+
+    def _base_headers(self, req: Request) -> Headers:
+        return [(b"x-kvgw-request-id", req.request_id.encode())]
+
+    def _chunk_headers(self, req: Request, info: ChunkInfo) -> Headers:
+        headers = self._base_headers(req)
+        headers += [
+            (b"content-type", wire.CHUNK_CONTENT_TYPE.encode()),
+            (b"etag", info.etag.encode()),
+            (wire.H_CHECKSUM.encode(), info.checksum_hex.encode()),
+            (b"last-modified", http_date(info.created).encode()),
+            (b"accept-ranges", b"bytes"),
+            (wire.H_TIER.encode(), info.tier.encode()),
+        ]
+        return headers
+
+    async def _send_error(self, req: Request, state: _ResponseState, exc: KvgwError) -> None:
+        if state.started:
+            log.warning("request %s failed after its response started: %s", req.request_id, exc.code)
+            return
+        status = STATUS.get(exc.code, 500)
+        headers = self._base_headers(req)
+        headers.append((b"content-type", b"application/json"))
+        if status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="kvgw"'))
+        if isinstance(exc, InvalidRange):
+            headers.append((b"content-range", f"bytes */{exc.size}".encode()))
+        if not await req.drain(ERROR_DRAIN_LIMIT):
+            headers.append((b"connection", b"close"))
+        body = b"" if req.method == "HEAD" else json_body(
+            {"error": {"code": exc.code, "message": exc.message, "request_id": req.request_id}}
+        )
+        if req.method == "HEAD":
+            await state.send({"type": "http.response.start", "status": status, "headers": headers})
+            await state.send({"type": "http.response.body", "body": b""})
+        else:
+            await send_response(state.send, status, headers, body)
+
+    async def _keys(self, req: Request) -> list[str]:
+        doc = await req.read_json(MAX_JSON_BYTES)
+        keys = doc.get("keys") if isinstance(doc, dict) else None
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise InvalidRequest('body must be {"keys": [string, ...]}')
+        if len(keys) > MAX_KEYS_PER_CALL:
+            raise InvalidRequest(f"at most {MAX_KEYS_PER_CALL} keys per call")
+        for key in keys:
+            try:
+                validate_key(key)
+            except InvalidKeyError as exc:
+                raise InvalidKey(f"{exc}: {key[:64]!r}") from None
+        return keys
+
+    # -- chunk handlers ------------------------------------------------------------------------
+
+    async def _put(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
+        bucket = await self._authorized_bucket(req, bucket_name, Action.WRITE)
+        length = req.content_length()
+        checksum = _parse_checksum(req.header(wire.H_CHECKSUM))
+        md5 = _parse_md5(req.header("content-md5"))
+        ttl = parse_ttl(req.header(wire.H_TTL))
+        parent = _parse_parent(req.header(wire.H_PARENT))
+        if length > bucket.max_chunk_bytes:
+            raise ChunkTooLarge(f"{length} bytes exceeds the bucket limit of {bucket.max_chunk_bytes}")
+        existing = await self.service.lookup(bucket, key)
+        if existing is not None:
+            if (req.header("if-none-match") or "").strip() == "*":
+                await req.drain(bucket.max_chunk_bytes)
+                raise PreconditionFailed("the key already exists")
+            await self._send_existed(req, send, existing, drain_limit=bucket.max_chunk_bytes)
+            return
+        result = await self.service.put(
+            bucket, key, req.body(self.service.settings.body_idle_timeout),
+            length=length, checksum=checksum, md5=md5, ttl=ttl, parent=parent,
+        )
+        if not result.created:
+            await self._send_existed(req, send, result.info, drain_limit=0)
+            return
+        headers = self._base_headers(req)
+        headers += [(b"etag", result.info.etag.encode()),
+                    (wire.H_CHECKSUM.encode(), result.info.checksum_hex.encode())]
+        await send_response(send, 201, headers)
+
+    async def _send_existed(self, req: Request, send: Send, info: ChunkInfo, drain_limit: int) -> None:
+        headers = self._base_headers(req)
+        headers += [(b"etag", info.etag.encode()), (wire.H_CHECKSUM.encode(), info.checksum_hex.encode()),
+                    (wire.H_EXISTED.encode(), b"true")]
+        if not await req.drain(drain_limit):
+            headers.append((b"connection", b"close"))
+        await send_response(send, 200, headers)
+
+    async def _head(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        info = await self.service.head(bucket, key)
+        headers = self._chunk_headers(req, info)
+        headers.append((b"content-length", str(info.size).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _get(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        byte_range = _parse_range(req.header("range"))
+        body = await self.service.open(bucket, key, byte_range)
+        try:
+            headers = self._chunk_headers(req, body.info)
+            headers.append((b"content-length", str(body.length).encode()))
+            status = 200
+            if byte_range is not None:
+                status = 206
+                last = body.offset + body.length - 1
+                headers.append((b"content-range", f"bytes {body.offset}-{last}/{body.info.size}".encode()))
+            await send_body(send, status, headers, body)
+        finally:
+            await body.close()
+
+    async def _delete(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
+        bucket = await self._authorized_bucket(req, bucket_name, Action.ADMIN)
+        if not await self.service.delete(bucket, key):
+            raise NoSuchChunk()
+        await send_response(send, 204, self._base_headers(req))
+
+    # -- batch handlers ------------------------------------------------------------------------
+
+    async def _exists(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        keys = await self._keys(req)
+        found = await self.service.exists(bucket, keys)
+        await self._send_json(req, send, {"exists": found})
+
+    async def _prefix(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        keys = await self._keys(req)
+        length = await self.service.prefix(bucket, keys)
+        await self._send_json(req, send, {"length": length})
+
+    async def _send_json(self, req: Request, send: Send, doc: Any) -> None:
+        headers = self._base_headers(req)
+        headers.append((b"content-type", b"application/json"))
+        await send_response(send, 200, headers, json_body(doc))
+
+    async def _batch_get(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """Stream every requested chunk in order; the next chunk is read while this one is sent."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        keys = await self._keys(req)
+        infos = await self.service.open_many(bucket, keys)
+        headers = self._base_headers(req)
+        headers.append((b"content-type", wire.BATCH_CONTENT_TYPE.encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": wire.encode_batch_header(len(keys)),
+                    "more_body": True})
+
+        async def open_one(info: ChunkInfo | None) -> ChunkBody | int:
+            if info is None:
+                return wire.FRAME_MISSING
+            try:
+                return await self.service.open_info(info)
+            except NoSuchChunk:
+                return wire.FRAME_MISSING
+            except KvgwError:
+                return wire.FRAME_ERROR
+
+        pending: asyncio.Task[ChunkBody | int] | None = None
+        try:
+            pending = asyncio.ensure_future(open_one(infos[0])) if infos else None
+            for i in range(len(infos)):
+                assert pending is not None
+                opened = await pending
+                pending = asyncio.ensure_future(open_one(infos[i + 1])) if i + 1 < len(infos) else None
+                if isinstance(opened, int):
+                    await send({"type": "http.response.body", "body": wire.encode_frame_header(opened),
+                                "more_body": True})
+                    continue
+                try:
+                    frame = wire.encode_frame_header(wire.FRAME_OK, opened.length, opened.info.checksum)
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                    async for piece in opened:
+                        await send({"type": "http.response.body", "body": piece, "more_body": True})
+                finally:
+                    await opened.close()
+        finally:
+            if pending is not None:
+                pending.cancel()
+                try:
+                    leftover = await pending
+                    if not isinstance(leftover, int):
+                        await leftover.close()
+                except (asyncio.CancelledError, Exception):
+                    pass
+        await send({"type": "http.response.body", "body": wire.encode_batch_trailer(len(keys))})
+
+
+class _ResponseState:
+    """Tracks whether a response has started, so an error after that point is not sent twice."""
+
+    __slots__ = ("_send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+async def send_body(send: Send, status: int, headers: Headers, body: ChunkBody) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    if body.data is not None:
+        await send({"type": "http.response.body", "body": body.data})
+        return
+    async for piece in body:
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _parse_checksum(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    text = raw.strip().lower()
+    if len(text) != 16:
+        raise InvalidRequest(f"{wire.H_CHECKSUM} must be 16 hex digits of xxh3-64")
+    try:
+        return int(text, 16)
+    except ValueError:
+        raise InvalidRequest(f"{wire.H_CHECKSUM} must be 16 hex digits of xxh3-64") from None
+
+
+def _parse_md5(raw: str | None) -> bytes | None:
+    if raw is None:
+        return None
+    try:
+        digest = base64.b64decode(raw.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        digest = b""
+    if len(digest) != 16:
+        raise InvalidRequest("Content-MD5 must be the base64 of a 16-byte MD5 digest")
+    return digest
+
+
+def _parse_parent(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        parent = path_segment(raw.strip())
+        validate_key(parent)
+    except (InvalidKeyError, ValueError):
+        raise InvalidKey(f"{wire.H_PARENT} is not a valid key") from None
+    return parent
+
+
+def _parse_range(raw: str | None) -> tuple[int | None, int | None] | None:
+    """One ``bytes=`` range, or None to serve the whole chunk (also for forms we do not serve)."""
+    if raw is None:
+        return None
+    unit, _, spec = raw.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None  # RFC 9110: a server may ignore a Range it does not support
+    first, dash, last = spec.strip().partition("-")
+    if not dash or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+        return None
+    if first == "" and last == "":
+        return None
+    start = int(first) if first else None
+    end = int(last) if last else None
+    if start is not None and end is not None and end < start:
+        return None
+    return start, end

@@ -1,0 +1,241 @@
+"""The ``kvgw`` command: serve, maintenance (db, index, scrub), catalog administration, benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Settings, load_settings
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML config file (also KVGW_CONFIG)")
+    parser.add_argument("--data-dir", type=Path, help="data directory (default ./kvgw-data)")
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    return load_settings(args.config, data_dir=args.data_dir, **extra)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    settings = _settings(
+        args, host=args.host, port=args.port, anonymous=True if args.anonymous else None,
+        fsync=False if args.no_fsync else None,
+    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    root = app.gateway.generated_root
+    if root is not None:
+        print(
+            "kvgw: generated root credentials (shown once; saved to "
+            f"{root.path}, mode 0600)\n  access key: {root.access_key}\n  secret key: {root.secret_key}",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(f"kvgw: serving on http://{settings.host}:{settings.port} (data dir {settings.data_dir})",
+          file=sys.stderr, flush=True)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_keep_alive=30,
+    )
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from gateway.runtime import open_catalog
+
+    catalog = open_catalog(_settings(args))
+    print(f"catalog at {catalog.engine.url.render_as_string(hide_password=True)} is up to date")
+    catalog.close()
+    return 0
+
+
+def _with_gateway(args: argparse.Namespace, job: Callable[[Any], Any]) -> Any:
+    from gateway.runtime import Gateway
+
+    gateway = Gateway(_settings(args))
+    try:
+        return asyncio.run(job(gateway))
+    finally:
+        gateway.close()
+
+
+def cmd_index_rebuild(args: argparse.Namespace) -> int:
+    from gateway.maintenance import rebuild_index
+
+    async def job(gw: Any) -> int:
+        return await rebuild_index(gw.index, gw.fs)
+
+    count = _with_gateway(args, job)
+    print(f"index rebuilt from the filesystem tier: {count} chunks")
+    return 0
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    from gateway.maintenance import scrub
+
+    async def job(gw: Any) -> Any:
+        return await scrub(gw.index, gw.fs, repair=not args.dry_run)
+
+    report = _with_gateway(args, job)
+    for line in report.details[:1000]:
+        print(line)
+    print(json.dumps(report.as_dict()))
+    problems = report.corrupt + report.misplaced + report.dangling + report.reindexed
+    return 1 if problems and args.dry_run else 0
+
+
+def cmd_bucket(args: argparse.Namespace) -> int:
+    from backends.catalog.store import BucketPolicy
+    from gateway.keys import is_valid_bucket_name
+    from gateway.runtime import open_catalog
+
+    settings = _settings(args)
+    catalog = open_catalog(settings)
+    try:
+        if args.bucket_cmd == "list":
+            for b in catalog.list_buckets():
+                print(json.dumps(_policy_doc(b)))
+            return 0
+        policy = BucketPolicy(
+            name=args.name,
+            max_chunk_bytes=args.max_chunk_bytes or settings.max_chunk_bytes,
+            default_ttl_seconds=args.ttl,
+            capacity_bytes=args.capacity_bytes,
+            anonymous_read=args.anonymous_read,
+            anonymous_write=args.anonymous_write,
+        )
+        if not is_valid_bucket_name(args.name):
+            print(f"invalid bucket name {args.name!r}", file=sys.stderr)
+            return 2
+        if args.bucket_cmd == "create":
+            catalog.create_bucket(policy)
+        else:
+            catalog.update_bucket(policy)
+        print(json.dumps(_policy_doc(policy)))
+        return 0
+    finally:
+        catalog.close()
+
+
+def _policy_doc(policy: Any) -> dict[str, Any]:
+    return {f: getattr(policy, f) for f in policy.__slots__}
+
+
+def cmd_cred(args: argparse.Namespace) -> int:
+    from gateway.runtime import open_catalog
+
+    catalog = open_catalog(_settings(args))
+    try:
+        access_key, secret_key = catalog.create_credential(is_root=args.root, description=args.description)
+        for bucket in args.bucket or []:
+            catalog.grant(access_key, bucket, read=True, write=args.write)
+        print(json.dumps({"access_key": access_key, "secret_key": secret_key, "root": args.root}))
+        return 0
+    finally:
+        catalog.close()
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.bench_cmd == "trace":
+        from gateway.bench import trace
+
+        return trace.main(rest)
+    if args.bench_cmd == "io":
+        from gateway.bench import io
+
+        return io.main(rest)
+    print(f"unknown benchmark {args.bench_cmd}", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgw", description="KV-cache storage gateway")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    _common(serve)
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8080)")
+    serve.add_argument("--anonymous", action="store_true", help="allow unauthenticated requests (local use)")
+    serve.add_argument("--no-fsync", action="store_true", help="do not fsync chunks (faster, not crash-safe)")
+    serve.set_defaults(func=cmd_serve)
+
+    db = sub.add_parser("db", help="catalog database")
+    db_sub = db.add_subparsers(dest="db_cmd", required=True)
+    upgrade = db_sub.add_parser("upgrade", help="apply catalog migrations")
+    _common(upgrade)
+    upgrade.set_defaults(func=cmd_db_upgrade)
+
+    index = sub.add_parser("index", help="hot index")
+    index_sub = index.add_subparsers(dest="index_cmd", required=True)
+    rebuild = index_sub.add_parser("rebuild", help="recreate the index from the filesystem tier")
+    _common(rebuild)
+    rebuild.set_defaults(func=cmd_index_rebuild)
+
+    scrub = sub.add_parser("scrub", help="verify every chunk and reconcile the index with the tier")
+    _common(scrub)
+    scrub.add_argument("--dry-run", action="store_true", help="report only; exit 1 if anything is wrong")
+    scrub.set_defaults(func=cmd_scrub)
+
+    bucket = sub.add_parser("bucket", help="buckets and their policies")
+    bucket_sub = bucket.add_subparsers(dest="bucket_cmd", required=True)
+    for name in ("create", "update"):
+        p = bucket_sub.add_parser(name)
+        _common(p)
+        p.add_argument("name")
+        p.add_argument("--ttl", type=int, help="default chunk TTL in seconds")
+        p.add_argument("--max-chunk-bytes", type=int)
+        p.add_argument("--capacity-bytes", type=int)
+        p.add_argument("--anonymous-read", action="store_true")
+        p.add_argument("--anonymous-write", action="store_true")
+        p.set_defaults(func=cmd_bucket)
+    listing = bucket_sub.add_parser("list")
+    _common(listing)
+    listing.set_defaults(func=cmd_bucket)
+
+    cred = sub.add_parser("cred", help="credentials")
+    cred_sub = cred.add_subparsers(dest="cred_cmd", required=True)
+    create = cred_sub.add_parser("create", help="create a credential (secret printed once)")
+    _common(create)
+    create.add_argument("--root", action="store_true")
+    create.add_argument("--bucket", action="append", help="grant read access to this bucket (repeatable)")
+    create.add_argument("--write", action="store_true", help="grant write access too")
+    create.add_argument("--description", default="")
+    create.set_defaults(func=cmd_cred)
+
+    bench = sub.add_parser("bench", help="benchmarks (each prints baselines measured in the same run)")
+    bench.add_argument("bench_cmd", choices=["io", "trace"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv[:1] == ["bench"]:
+        args, _ = parser.parse_known_args(argv[:2])
+        return cmd_bench(args, argv[2:])
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

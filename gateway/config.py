@@ -1,0 +1,112 @@
+"""Settings: one value object, read once (in the CLI / app factory), then passed into constructors.
+
+Sources, highest precedence first: command-line flags, ``KVGW_*`` environment variables, a TOML config
+file (``--config FILE`` or ``KVGW_CONFIG``), defaults. Nested settings use ``__`` in variable names
+(``KVGW_S3__ENDPOINT``). Nothing here is read at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+MiB = 1 << 20
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVGW_", env_nested_delimiter="__", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: Path = Path("kvgw-data")
+    # Where each part lives; defaults are under data_dir. The fs tier may be an NFS mount; the index
+    # and a SQLite catalog must be on local disk.
+    fs_root: Path | None = None
+    index_dir: Path | None = None
+    catalog_url: str | None = None
+    secret_key: SecretStr | None = None  # Fernet key for credential secrets; else secret_key_file
+    secret_key_file: Path | None = None
+    root_access_key: str | None = None
+    root_secret_key: SecretStr | None = None
+
+    anonymous: bool = False  # let unauthenticated requests act as root (local use only)
+    default_bucket: str = "kvcache"
+    max_chunk_bytes: int = 256 * MiB
+
+    fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
+    verify_reads: bool = True  # check a chunk's checksum before serving its first byte
+    whole_read_max_bytes: int = 16 * MiB  # chunks up to this size are read in one go, larger ones streamed
+    read_window_bytes: int = 4 * MiB  # piece size when streaming
+    read_buffer_budget_bytes: int = 256 * MiB  # bytes of whole-read buffers in flight across requests
+    body_idle_timeout: float = 60.0  # seconds a PUT body may stall before the upload is dropped
+
+    index_map_size: int = 1 << 30
+    index_sync: bool = False
+    index_allow_network_fs: bool = False
+    catalog_refresh_seconds: float = 5.0
+    staging_max_age_seconds: float = 3600.0
+
+    log_level: str = "info"
+    access_log: bool = False
+
+    @property
+    def fs_root_path(self) -> Path:
+        return self.fs_root or self.data_dir / "fs"
+
+    @property
+    def index_path(self) -> Path:
+        return self.index_dir or self.data_dir / "index"
+
+    @property
+    def catalog_dsn(self) -> str:
+        return self.catalog_url or f"sqlite:///{(self.data_dir / 'catalog.sqlite').resolve()}"
+
+    @property
+    def secret_key_path(self) -> Path:
+        return self.secret_key_file or self.data_dir / "secret.key"
+
+    @property
+    def root_credentials_path(self) -> Path:
+        return self.data_dir / "root-credentials"
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+            self._data = doc.get("kvgw", doc)
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from flags (``overrides``; None values ignored), env, config file, defaults."""
+    path = config_file or (Path(os.environ["KVGW_CONFIG"]) if os.environ.get("KVGW_CONFIG") else None)
+
+    class _Settings(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings, _TomlSource(settings_cls, path)
+
+    values = {k: v for k, v in overrides.items() if v is not None}
+    return _Settings(**values)
+

@@ -1,0 +1,61 @@
+"""Key and bucket-name rules, and the digest that names a chunk everywhere below the API.
+
+Pure functions with no dependencies beyond the standard library: the client side (LMCache connector,
+prefetcher) imports this module without the server's dependencies.
+
+A key never becomes a path. Every tier and the index address a chunk by ``chunk_digest(bucket, key)``,
+a 128-bit BLAKE2b digest: short enough for an LMDB key, uniform enough to shard directories, and
+collision-resistant against clients that pick keys adversarially (a non-cryptographic hash would let a
+client craft a key that shadows another tenant's chunk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+MAX_KEY_BYTES = 1024
+DIGEST_BYTES = 16
+
+# S3 bucket naming rules (the subset every S3 client accepts): 3-63 chars, lowercase letters, digits,
+# dots and hyphens, starting and ending with a letter or digit, not shaped like an IP address.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+
+
+class InvalidKeyError(ValueError):
+    """The key breaks the key rules; the message says which rule."""
+
+
+def validate_key(key: str) -> bytes:
+    """Return the UTF-8 encoding of ``key`` or raise InvalidKeyError.
+
+    Keys are opaque: any UTF-8 string of 1..1024 bytes without control characters (C0, DEL, C1).
+    ``/`` and ``@`` are ordinary characters (LMCache keys contain both).
+    """
+    if not key:
+        raise InvalidKeyError("key is empty")
+    try:
+        raw = key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError("key is not valid UTF-8") from exc
+    if len(raw) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"key is {len(raw)} bytes; the limit is {MAX_KEY_BYTES}")
+    for ch in key:
+        code = ord(ch)
+        if code < 0x20 or 0x7F <= code <= 0x9F:
+            raise InvalidKeyError(f"key contains control character U+{code:04X}")
+    return raw
+
+
+def is_valid_bucket_name(name: str) -> bool:
+    return bool(_BUCKET_RE.match(name)) and ".." not in name and not _IPV4_RE.match(name)
+
+
+def chunk_digest(bucket: str, key: str) -> bytes:
+    """The 16-byte identity of (bucket, key) used by the index and every tier."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h.update(bucket.encode("utf-8"))
+    h.update(b"\x00")
+    h.update(key.encode("utf-8"))
+    return h.digest()
