@@ -1,0 +1,117 @@
+"""The LMDB hot index on a real LMDB file."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backends.errors import IndexError_
+from backends.index import TIER_FS, ChunkIndex, IndexEntry, filesystem_type
+from gateway.keys import chunk_digest
+
+
+def entry(key: str, size: int = 10, expires: float = 0.0) -> IndexEntry:
+    return IndexEntry("kvcache", key, size, 0xABCDEF, 1000.0, expires, 1000.0, 0, TIER_FS)
+
+
+async def test_put_get_delete_and_expiry(tmp_path: Path) -> None:
+    index = ChunkIndex(tmp_path / "idx")
+    try:
+        d1, d2 = chunk_digest("kvcache", "a"), chunk_digest("kvcache", "b")
+        await index.put(d1, entry("a"))
+        await index.put(d2, entry("b", expires=50.0))
+        assert index.get(d1) == entry("a")
+        assert index.alive_many([d1, d2], now=10.0) == [True, True]
+        assert index.alive_many([d1, d2], now=60.0) == [True, False]
+        assert index.alive_many([d2, d1], now=60.0, stop_at_miss=True) == [False]
+        assert await index.delete(d1) == entry("a")
+        assert index.get(d1) is None and await index.delete(d1) is None
+    finally:
+        index.close()
+
+
+async def test_map_grows_instead_of_failing(tmp_path: Path) -> None:
+    index = ChunkIndex(tmp_path / "idx", map_size=64 * 1024)
+    try:
+        start = index.env.info()["map_size"]
+        digests = [chunk_digest("kvcache", f"k{i}") for i in range(5000)]
+        await asyncio.gather(*(index.put(d, entry(f"k{i}" + "x" * 200)) for i, d in enumerate(digests)))
+        assert index.env.info()["map_size"] > start
+        assert index.count() == 5000
+        assert all(index.alive_many(digests, now=0.0))
+    finally:
+        index.close()
+
+
+async def test_touches_are_batched_into_one_transaction(tmp_path: Path) -> None:
+    index = ChunkIndex(tmp_path / "idx", touch_interval=3600)
+    try:
+        d = chunk_digest("kvcache", "a")
+        await index.put(d, entry("a"))
+        txn_before = index.env.info()["last_txnid"]
+        for t in range(100):
+            index.touch(d, 2000.0 + t)
+        assert index.get(d).hits == 0  # nothing written per read
+        await index.flush()
+        assert index.env.info()["last_txnid"] == txn_before + 1
+        got = index.get(d)
+        assert got is not None and got.hits == 100 and got.last_access == 2099.0
+    finally:
+        index.close()
+
+
+async def test_state_survives_reopen_and_stale_readers_are_cleared(tmp_path: Path) -> None:
+    index = ChunkIndex(tmp_path / "idx")
+    d = chunk_digest("kvcache", "a")
+    await index.put(d, entry("a"))
+    index.close()
+    path = str(tmp_path / "idx")
+    # Stale slots only survive while another process keeps the environment open (the first opener
+    # resets the lock table), so: a holder process, and a reader that dies inside a transaction.
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(path=path)], stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == b"ready"
+    dead = subprocess.run([sys.executable, "-c", DIE_READING.format(path=path)], capture_output=True, check=True)
+    dead_pid = dead.stdout.decode().strip()
+    try:
+        reopened = ChunkIndex(tmp_path / "idx")
+        try:
+            assert reopened.get(d) == entry("a")
+            assert dead_pid not in reopened.env.readers()  # cleared at start
+        finally:
+            reopened.close()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+HOLD = """
+import lmdb, time
+env = lmdb.open({path!r}, max_dbs=8)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+DIE_READING = """
+import lmdb, os
+env = lmdb.open({path!r}, max_dbs=8)
+txn = env.begin()
+txn.get(b"x")
+assert str(os.getpid()) in env.readers()
+print(os.getpid(), flush=True)
+os._exit(0)
+"""
+
+
+def test_refuses_a_network_filesystem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("backends.index.filesystem_type", lambda path: "nfs4")
+    with pytest.raises(IndexError_, match="network filesystem"):
+        ChunkIndex(tmp_path / "idx")
+
+
+def test_filesystem_type_reads_the_real_mount_table(tmp_path: Path) -> None:
+    assert filesystem_type(tmp_path) not in ("", "unknown")
+    assert filesystem_type(Path("/proc/self")) == "proc"
