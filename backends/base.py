@@ -57,8 +57,12 @@ class Tier(Protocol):
 
     async def stage(self, digest: bytes) -> StagedChunk: ...
 
-    async def read(self, digest: bytes, offset: int, length: int) -> bytes:
-        """Bytes ``[offset, offset+length)`` of the chunk's data; short only if the chunk is truncated."""
+    async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
+        """Bytes ``[offset, offset+length)`` of the chunk's data; short only if the chunk is truncated.
+
+        May be a read-only view of memory the tier manages (a file mapping): hold it no longer than
+        the response that sends it.
+        """
         ...
 
     def stream(self, digest: bytes, offset: int, length: int, window: int) -> AsyncIterator[bytes]:

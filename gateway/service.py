@@ -13,6 +13,7 @@ and the tiers. Rules it enforces for all of them:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,6 +40,7 @@ from gateway.errors import (
 from gateway.keys import chunk_digest
 
 MAX_TTL_SECONDS = 10 * 365 * 86400
+_HASH_ON_LOOP_BYTES = 1 << 20  # larger buffers are hashed in a worker thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,10 +339,11 @@ class ChunkService:
             if release is not None:
                 start = 0 if verify else offset
                 data = await self.fs.read(digest, start, whole)
-                if verify and not self._matches(data, info):
+                if verify and not await self._matches(data, info):
                     raise backend.ChunkCorrupt("checksum mismatch")
-                view = memoryview(data)[offset - start : offset - start + length]
-                return ChunkBody(info, offset, length, data=view, release=release)
+                if offset != start or length != len(data):
+                    data = memoryview(data)[offset - start : offset - start + length]
+                return ChunkBody(info, offset, length, data=data, release=release)
             if verify:
                 await self._verify_streaming(digest, info)
             pieces = self.fs.stream(digest, offset, length, self.settings.read_window_bytes)
@@ -369,8 +372,12 @@ class ChunkService:
             raise
 
     @staticmethod
-    def _matches(data: bytes, info: ChunkInfo) -> bool:
-        return len(data) == info.size and xxhash.xxh3_64_intdigest(data) == info.checksum
+    async def _matches(data: bytes | memoryview, info: ChunkInfo) -> bool:
+        if len(data) != info.size:
+            return False
+        if len(data) <= _HASH_ON_LOOP_BYTES:
+            return xxhash.xxh3_64_intdigest(data) == info.checksum
+        return await asyncio.to_thread(xxhash.xxh3_64_intdigest, data) == info.checksum
 
     async def _verify_streaming(self, digest: bytes, info: ChunkInfo) -> None:
         hasher = xxhash.xxh3_64()

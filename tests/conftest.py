@@ -74,13 +74,12 @@ class ServerProcess:
         )
         env.update(self.env)
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server-{self.port}.log"
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
-             "--data-dir", str(self.data_dir), *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
+                 "--data-dir", str(self.data_dir), *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -154,7 +153,7 @@ def pg_url() -> Iterator[str]:
     try:
         with engine.begin() as conn:
             conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except Exception as exc:  # noqa: BLE001 - any connection failure means "absent"
+    except Exception as exc:
         engine.dispose()
         require_or_skip(f"PostgreSQL at {PG_URL} unreachable: {type(exc).__name__}")
     sep = "&" if "?" in PG_URL else "?"

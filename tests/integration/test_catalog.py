@@ -70,7 +70,7 @@ def test_bucket_and_credential_operations(catalog_url: str, box: SecretBox) -> N
 def test_a_copy_of_the_catalog_does_not_reveal_secrets(catalog_url: str, box: SecretBox, tmp_path: Path) -> None:
     catalog = Catalog(catalog_url, box)
     catalog.upgrade()
-    ak, sk = catalog.create_credential(access_key="AKVISIBLE", secret_key="very-secret-value-123")
+    catalog.create_credential(access_key="AKVISIBLE", secret_key="very-secret-value-123")
     with catalog.engine.connect() as conn:
         rows = [tuple(r) for r in conn.execute(text("select * from credentials"))]
     assert "very-secret-value-123" not in repr(rows)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import io
+import json
 import os
 import socket
 import threading
@@ -15,6 +18,7 @@ import pytest
 import xxhash
 
 from gateway import wire
+from gateway.cli import main
 from tests.conftest import ServerProcess
 
 KEY = "meta-llama/Llama-3-8B@1@0@a1b2c3d4@bfloat16"
@@ -151,7 +155,7 @@ def test_exists_prefix_batch_get(client: httpx.Client, server: ServerProcess) ->
 
     parser = wire.BatchParser()
     frames: list[wire.Frame] = []
-    with client.stream("POST", f"{base}/batch-get", json={"keys": chain + ["never"]}) as r:
+    with client.stream("POST", f"{base}/batch-get", json={"keys": [*chain, "never"]}) as r:
         assert r.status_code == 200
         assert r.headers["content-type"] == wire.BATCH_CONTENT_TYPE
         for piece in r.iter_bytes():
@@ -304,13 +308,14 @@ def test_authentication_and_authorization(server: ServerProcess) -> None:
     with httpx.Client() as anon:
         r = anon.put(url, content=b"x")
         assert r.status_code == 401 and error_code(r) == "Unauthorized"
-        assert anon.get(url, headers={"Authorization": f"Bearer {server.auth['Authorization'][7:]}x"}).status_code == 401
+        wrong_secret = {"Authorization": f"Bearer {server.auth['Authorization'][7:]}x"}
+        assert anon.get(url, headers=wrong_secret).status_code == 401
         assert anon.get(url, headers={"Authorization": "Basic abc"}).status_code == 401
-    from gateway.cli import main
-
     import contextlib
     import io
     import json
+
+    from gateway.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
