@@ -311,12 +311,6 @@ def test_authentication_and_authorization(server: ServerProcess) -> None:
         wrong_secret = {"Authorization": f"Bearer {server.auth['Authorization'][7:]}x"}
         assert anon.get(url, headers=wrong_secret).status_code == 401
         assert anon.get(url, headers={"Authorization": "Basic abc"}).status_code == 401
-    import contextlib
-    import io
-    import json
-
-    from gateway.cli import main
-
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["cred", "create", "--data-dir", str(server.data_dir), "--bucket", "kvcache"]) == 0
