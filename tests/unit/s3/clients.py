@@ -8,6 +8,7 @@ rendered XML back through botocore's own response parser.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import random
@@ -56,9 +57,7 @@ class Wire:
         return replace(self, headers=kept)
 
     def authenticate(self, now: datetime | float = NOW, **kwargs: Any) -> AuthResult:
-        return authenticate(
-            self.method, self.raw_path, self.query, self.headers, SECRETS.get, now=now, **kwargs
-        )
+        return authenticate(self.method, self.raw_path, self.query, self.headers, SECRETS.get, now=now, **kwargs)
 
 
 class _Raw:
@@ -101,6 +100,11 @@ def botocore_signer(kind: str) -> Iterator[None]:
         yield
 
 
+@functools.cache
+def _session() -> Any:
+    return botocore.session.get_session()
+
+
 def make_client(
     endpoint: str = "http://gw.example:9000",
     *,
@@ -109,7 +113,7 @@ def make_client(
     **config: Any,
 ) -> Any:
     """A botocore S3 client whose requests never leave the process."""
-    session = botocore.session.get_session()
+    session = _session()
     config.setdefault("s3", {"addressing_style": "path"})
     client = session.create_client(
         "s3",
@@ -117,7 +121,7 @@ def make_client(
         region_name="us-east-1",
         aws_access_key_id=ACCESS_KEY,
         aws_secret_access_key=SECRET,
-        config=Config(retries={"max_attempts": 1}, **config),
+        config=Config(**{"retries": {"max_attempts": 1}, **config}),
     )
     status, headers, body = response
 
@@ -136,6 +140,10 @@ def wire_from_prepared(request: AWSPreparedRequest) -> Wire:
         (name.lower().encode("latin-1"), value if isinstance(value, bytes) else value.encode("latin-1"))
         for name, value in request.headers.items()
     ]
+    if not any(name == b"host" for name, _ in headers):  # the HTTP client adds it, as urllib3 does
+        default = {"http": 80, "https": 443}[parts.scheme]
+        host = parts.hostname or ""
+        headers.append((b"host", (host if parts.port in (None, default) else f"{host}:{parts.port}").encode()))
     body = request.body
     if body is None:
         data = b""
@@ -154,11 +162,9 @@ def boto_wire(call: Callable[[Any], Any], endpoint: str = "http://gw.example:900
     """The request a botocore client sends for ``call(client)``, signed at ``NOW``."""
     captured: list[AWSPreparedRequest] = []
     client = make_client(endpoint, captured=captured, **config)
-    with frozen_clock():
-        try:
-            call(client)
-        except Exception:  # the canned answer may not parse for every operation: only the request matters
-            pass
+    # the canned answer may not parse for every operation: only the request matters
+    with frozen_clock(), contextlib.suppress(Exception):
+        call(client)
     assert captured, "botocore sent nothing"
     return wire_from_prepared(captured[-1])
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -39,6 +39,7 @@ from tests.unit.s3.clients import (
     presigned_wire,
     wire_from_prepared,
 )
+
 
 @pytest.fixture(autouse=True, params=["python", "crt"])
 def signer(request: pytest.FixtureRequest) -> Iterator[str]:
@@ -295,7 +296,7 @@ def test_wrong_secret_and_unknown_key(signed: Wire) -> None:
     with pytest.raises(SignatureDoesNotMatch):
         verify(claim, "not-the-secret")
     with pytest.raises(InvalidAccessKeyId):
-        authenticate(signed.method, signed.raw_path, signed.query, signed.headers, {}.get, now=NOW)
+        authenticate(signed.method, signed.raw_path, signed.query, signed.headers, lambda _: None, now=NOW)
 
 
 @pytest.mark.parametrize("minutes,ok", [(14, True), (-14, True), (16, False), (-16, False)])
@@ -324,7 +325,7 @@ def test_region_pinning(signed: Wire) -> None:
 
 
 def _presign(method: str, params: dict[str, Any], expires: int = 3600, **kwargs: Any) -> str:
-    client = make_client(**kwargs)
+    client = make_client(signature_version="s3v4", **kwargs)
     with frozen_clock():
         return str(client.generate_presigned_url(method, Params=params, ExpiresIn=expires))
 
@@ -415,6 +416,13 @@ def test_sigv2_header_is_rejected_clearly() -> None:
     assert info.value.code == "InvalidRequest" and info.value.status == 400
 
 
+def test_botocore_default_presign_is_sigv2_and_rejected() -> None:
+    client = make_client()
+    url = client.generate_presigned_url("get_object", Params={"Bucket": "bkt", "Key": "k"}, ExpiresIn=60)
+    with pytest.raises(UnsupportedAuthorization):
+        presigned_wire(url, "GET", "gw.example:9000").authenticate()
+
+
 def test_sigv2_query_is_rejected_clearly() -> None:
     request = AWSRequest(method="GET", url="http://gw.example/bkt/k")
     HmacV1QueryAuth(Credentials(ACCESS_KEY, SECRET), expires=60).add_auth(request)
@@ -452,8 +460,7 @@ def _with_authorization(wire: Wire, value: str) -> Wire:
         "Signature=" + "0" * 64,
         "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20240501/us-east-1/s3/aws4_request, SignedHeaders=x-amz-date, "
         "Signature=" + "0" * 64,
-        "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20240501/us-east-1/s3/aws4_request, SignedHeaders=host, "
-        "Signature=xyz",
+        "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20240501/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=xyz",
         "Bearer token",
     ],
 )
@@ -465,7 +472,9 @@ def test_malformed_authorization(signed: Wire, authorization: str) -> None:
 
 def test_sigv4a_is_unsupported(signed: Wire) -> None:
     with pytest.raises(UnsupportedAuthorization):
-        _with_authorization(signed, "AWS4-ECDSA-P256-SHA256 Credential=x, SignedHeaders=host, Signature=y").authenticate()
+        _with_authorization(
+            signed, "AWS4-ECDSA-P256-SHA256 Credential=x, SignedHeaders=host, Signature=y"
+        ).authenticate()
 
 
 def test_missing_content_sha256(signed: Wire) -> None:
