@@ -31,6 +31,8 @@ class ChunkMeta:
     created: float  # unix seconds
     expires: float = 0.0  # unix seconds; 0 means never
     parent: str | None = None  # key of the previous chunk in its prefix chain, when a client said so
+    attrs: tuple[tuple[str, str], ...] = ()  # small client metadata kept with the bytes (content type,
+    # S3 checksums); read from the tier only when a client asks for it
 
 
 class StagedChunk(Protocol):

@@ -34,6 +34,8 @@ def encode_footer(meta: ChunkMeta) -> bytes:
     }
     if meta.parent is not None:
         doc["parent"] = meta.parent
+    if meta.attrs:
+        doc["attrs"] = dict(meta.attrs)
     body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return body + TAIL.pack(len(body), MAGIC)
 
@@ -60,6 +62,7 @@ def decode_meta(body: bytes, total_size: int) -> ChunkMeta:
             created=float(doc["created"]),
             expires=float(doc.get("expires", 0.0)),
             parent=doc.get("parent"),
+            attrs=tuple(sorted((str(k), str(v)) for k, v in doc.get("attrs", {}).items())),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ChunkCorrupt("chunk footer is not valid metadata") from exc

@@ -15,7 +15,7 @@ cheaper than a hop to a thread. When the map is full the writer doubles it while
 Databases inside the environment::
 
     chunks   digest(16)                 -> RECORD + bucket + key
-    names    bucket NUL key[:424] [digest] -> digest   (ordered listing, for the S3 API)
+    names    bucket NUL key (long keys: key[:424] NUL digest) -> digest   (ordered listing)
     parents  digest                     -> parent digest (prefix chains clients told us about)
 """
 
@@ -43,8 +43,7 @@ TIER_S3 = 2
 RECORD = struct.Struct("<QQdddIBBHH")
 _EXPIRES = struct.Struct("<d")
 _EXPIRES_AT = 24
-_NAME_KEY_LIMIT = 440
-_NAME_KEY_TRUNC = 424
+_NAME_KEY_LIMIT = 424
 NETWORK_FILESYSTEMS = frozenset(
     {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs"}
 )
@@ -86,12 +85,14 @@ class IndexEntry:
 def name_key(bucket: str, key: str, digest: bytes) -> bytes:
     """Sort key of the ``names`` database: UTF-8 byte order, which is S3's listing order.
 
-    LMDB keys are at most 511 bytes, so keys longer than ``_NAME_KEY_LIMIT`` bytes are truncated and
-    suffixed with the digest; a lister must re-sort entries sharing a truncated prefix by full key.
+    LMDB keys are at most 511 bytes, so a key longer than ``_NAME_KEY_LIMIT`` bytes is stored as its
+    first ``_NAME_KEY_LIMIT`` bytes, a NUL (no key contains one) and the digest. Keys sharing such a
+    prefix are then contiguous and sorted just after the prefix itself; a lister re-sorts each of
+    these groups by full key.
     """
     raw = key.encode()
     if len(raw) > _NAME_KEY_LIMIT:
-        raw = raw[:_NAME_KEY_TRUNC] + b"\xff" + digest
+        raw = raw[:_NAME_KEY_LIMIT] + b"\x00" + digest
     return bucket.encode() + b"\x00" + raw
 
 
@@ -276,6 +277,37 @@ class ChunkIndex:
                 if len(out) >= limit:
                     break
         return out
+
+    def list_names(self, bucket: str, start: str = "", limit: int = 1000) -> list[IndexEntry]:
+        """Up to ``limit`` entries of ``bucket`` with key >= ``start``, in UTF-8 byte order (S3's order).
+
+        Long keys share a sort key per truncated prefix (see ``name_key``); such a group is read
+        whole and re-sorted by full key, so the result is exactly ordered.
+        """
+        prefix = bucket.encode() + b"\x00"
+        start_raw = start.encode()
+        first = prefix + start_raw[:_NAME_KEY_LIMIT]
+        out: list[IndexEntry] = []
+        open_group: bytes | None = None
+        with self._remap, self.env.begin(db=self.names_db) as txn:
+            cursor = txn.cursor()
+            records = txn.cursor(db=self.chunks_db)
+            if not cursor.set_range(first):
+                return out
+            for name, digest in cursor:
+                if not name.startswith(prefix):
+                    break
+                group = name[: len(prefix) + _NAME_KEY_LIMIT + 1] if len(name) > len(prefix) + _NAME_KEY_LIMIT else None
+                if len(out) >= limit and (group is None or group != open_group):
+                    break
+                open_group = group
+                if not records.set_key(digest):
+                    continue
+                entry = IndexEntry.unpack(records.value())
+                if entry.key.encode() >= start_raw:
+                    out.append(entry)
+        out.sort(key=lambda e: e.key.encode())
+        return out[:limit]
 
     def count(self) -> int:
         with self._remap, self.env.begin(db=self.chunks_db) as txn:

@@ -103,9 +103,11 @@ def cmd_scrub(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from backends.catalog.store import BucketPolicy
     from gateway.keys import is_valid_bucket_name
-    from gateway.runtime import open_catalog
+    from gateway.runtime import open_catalog, validate_policy
 
     settings = _settings(args)
     catalog = open_catalog(settings)
@@ -114,25 +116,29 @@ def cmd_bucket(args: argparse.Namespace) -> int:
             for b in catalog.list_buckets():
                 print(json.dumps(_policy_doc(b)))
             return 0
-        policy = BucketPolicy(
-            name=args.name,
-            max_chunk_bytes=args.max_chunk_bytes or settings.max_chunk_bytes,
-            default_ttl_seconds=args.ttl,
-            capacity_bytes=args.capacity_bytes,
-            anonymous_read=args.anonymous_read,
-            anonymous_write=args.anonymous_write,
-        )
         if not is_valid_bucket_name(args.name):
             print(f"invalid bucket name {args.name!r}", file=sys.stderr)
             return 2
+        given = {f: getattr(args, f) for f in _POLICY_FLAGS if getattr(args, f) is not None}
         if args.bucket_cmd == "create":
-            catalog.create_bucket(policy)
+            policy = replace(BucketPolicy(args.name, settings.max_chunk_bytes), **given)
         else:
-            catalog.update_bucket(policy)
+            current = catalog.get_bucket(args.name)
+            if current is None:
+                print(f"no bucket {args.name!r}", file=sys.stderr)
+                return 2
+            policy = replace(current, **given)
+        validate_policy(policy)
+        (catalog.create_bucket if args.bucket_cmd == "create" else catalog.update_bucket)(policy)
         print(json.dumps(_policy_doc(policy)))
         return 0
     finally:
         catalog.close()
+
+
+_POLICY_FLAGS = ("default_ttl_seconds", "max_chunk_bytes", "capacity_bytes", "anonymous_read", "anonymous_write",
+                 "write_tier", "write_through", "s3_capacity_bytes", "high_watermark", "low_watermark",
+                 "eviction_policy")
 
 
 def _policy_doc(policy: Any) -> dict[str, Any]:
@@ -144,9 +150,10 @@ def cmd_cred(args: argparse.Namespace) -> int:
 
     catalog = open_catalog(_settings(args))
     try:
-        access_key, secret_key = catalog.create_credential(is_root=args.root, description=args.description)
-        for bucket in args.bucket or []:
-            catalog.grant(access_key, bucket, read=True, write=args.write)
+        grants = {bucket: (True, bool(args.write)) for bucket in args.bucket or []}
+        access_key, secret_key = catalog.create_credential(
+            is_root=args.root, description=args.description, grants=grants
+        )
         print(json.dumps({"access_key": access_key, "secret_key": secret_key, "root": args.root}))
         return 0
     finally:
@@ -201,11 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
         p = bucket_sub.add_parser(name)
         _common(p)
         p.add_argument("name")
-        p.add_argument("--ttl", type=int, help="default chunk TTL in seconds")
+        p.add_argument("--ttl", dest="default_ttl_seconds", type=int, help="default chunk TTL in seconds")
         p.add_argument("--max-chunk-bytes", type=int)
-        p.add_argument("--capacity-bytes", type=int)
-        p.add_argument("--anonymous-read", action="store_true")
-        p.add_argument("--anonymous-write", action="store_true")
+        p.add_argument("--capacity-bytes", type=int, help="filesystem-tier capacity for this bucket")
+        p.add_argument("--s3-capacity-bytes", type=int, help="S3-tier capacity for this bucket")
+        p.add_argument("--anonymous-read", action=argparse.BooleanOptionalAction)
+        p.add_argument("--anonymous-write", action=argparse.BooleanOptionalAction)
+        p.add_argument("--write-tier", choices=["fs", "s3"])
+        p.add_argument("--write-through", action=argparse.BooleanOptionalAction,
+                       help="copy every filesystem write to S3 in the background")
+        p.add_argument("--high-watermark", type=float)
+        p.add_argument("--low-watermark", type=float)
+        p.add_argument("--eviction-policy")
         p.set_defaults(func=cmd_bucket)
     listing = bucket_sub.add_parser("list")
     _common(listing)
@@ -233,7 +247,14 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parser.parse_known_args(argv[:2])
         return cmd_bench(args, argv[2:])
     args = parser.parse_args(argv)
-    result: int = args.func(args)
+    from backends.errors import IndexError_
+    from gateway.config import ConfigurationError
+
+    try:
+        result: int = args.func(args)
+    except (ConfigurationError, IndexError_) as exc:
+        print(f"kvgw: {exc}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -18,6 +18,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 MiB = 1 << 20
 
 
+class ConfigurationError(Exception):
+    """The settings describe a deployment kvgw refuses to run (the message says why and what to do)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KVGW_", env_nested_delimiter="__", extra="ignore")
 

@@ -229,6 +229,13 @@ class ChunkService:
     def _parent_digest(meta: ChunkMeta) -> bytes | None:
         return None if meta.parent is None else chunk_digest(meta.bucket, meta.parent)
 
+    async def chunk_meta(self, info: ChunkInfo) -> ChunkMeta:
+        """The chunk's full recorded metadata (attrs included), from the tier that holds it."""
+        try:
+            return await self.fs.stat(chunk_digest(info.bucket, info.key))
+        except backend.BackendError as exc:
+            raise translate_backend_error(exc) from exc
+
     # -- writes --------------------------------------------------------------------------------
 
     async def put(
@@ -242,6 +249,7 @@ class ChunkService:
         md5: bytes | None = None,
         ttl: int | None = None,
         parent: str | None = None,
+        attrs: dict[str, str] | None = None,
     ) -> PutResult:
         """Stream ``body`` into the tier; publish only if complete and matching the given digests."""
         if length > bucket.max_chunk_bytes:
@@ -272,7 +280,8 @@ class ChunkService:
                 raise BadDigest("the body does not match Content-MD5")
             now = self.clock()
             ttl = ttl if ttl is not None else bucket.default_ttl_seconds
-            meta = ChunkMeta(bucket.name, key, length, value, now, now + ttl if ttl else 0.0, parent)
+            meta = ChunkMeta(bucket.name, key, length, value, now, now + ttl if ttl else 0.0, parent,
+                             tuple(sorted((attrs or {}).items())))
             created = await staged.publish(meta)
         except backend.BackendError as exc:
             await staged.discard()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Integer, String, func
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -25,6 +25,13 @@ class Bucket(Base):
     capacity_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     anonymous_read: Mapped[bool] = mapped_column(Boolean, default=False)
     anonymous_write: Mapped[bool] = mapped_column(Boolean, default=False)
+    # placement (revision 0002): capacity_bytes above is the filesystem tier's share for this bucket
+    write_tier: Mapped[str] = mapped_column(String(8), default="fs")
+    write_through: Mapped[bool] = mapped_column(Boolean, default=False)
+    s3_capacity_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    high_watermark: Mapped[float] = mapped_column(Float, default=0.9)
+    low_watermark: Mapped[float] = mapped_column(Float, default=0.8)
+    eviction_policy: Mapped[str] = mapped_column(String(32), default="default")
 
 
 class Credential(Base):

@@ -35,12 +35,23 @@ class CatalogNotFound(Exception):
 
 @dataclass(frozen=True, slots=True)
 class BucketPolicy:
+    """A bucket's limits, access and placement. Capacities are bytes; None means unlimited."""
+
     name: str
     max_chunk_bytes: int
     default_ttl_seconds: int | None = None
-    capacity_bytes: int | None = None
+    capacity_bytes: int | None = None  # filesystem tier
     anonymous_read: bool = False
     anonymous_write: bool = False
+    write_tier: str = "fs"  # "fs" | "s3"
+    write_through: bool = False  # also copy every fs write to S3, asynchronously
+    s3_capacity_bytes: int | None = None
+    high_watermark: float = 0.9  # evict when usage passes this fraction of capacity...
+    low_watermark: float = 0.8  # ...down to this fraction
+    eviction_policy: str = "default"
+
+
+_POLICY_FIELDS = tuple(f for f in BucketPolicy.__slots__ if f != "name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +64,7 @@ class CredentialRecord:
 
 
 def _policy(row: Bucket) -> BucketPolicy:
-    return BucketPolicy(
-        name=row.name,
-        max_chunk_bytes=row.max_chunk_bytes,
-        default_ttl_seconds=row.default_ttl_seconds,
-        capacity_bytes=row.capacity_bytes,
-        anonymous_read=row.anonymous_read,
-        anonymous_write=row.anonymous_write,
-    )
+    return BucketPolicy(name=row.name, **{f: getattr(row, f) for f in _POLICY_FIELDS})
 
 
 def generate_access_key() -> str:
@@ -123,16 +127,7 @@ class Catalog:
 
     def create_bucket(self, policy: BucketPolicy) -> BucketPolicy:
         with self._session() as s:
-            s.add(
-                Bucket(
-                    name=policy.name,
-                    max_chunk_bytes=policy.max_chunk_bytes,
-                    default_ttl_seconds=policy.default_ttl_seconds,
-                    capacity_bytes=policy.capacity_bytes,
-                    anonymous_read=policy.anonymous_read,
-                    anonymous_write=policy.anonymous_write,
-                )
-            )
+            s.add(Bucket(name=policy.name, **{f: getattr(policy, f) for f in _POLICY_FIELDS}))
             try:
                 s.commit()
             except IntegrityError as exc:
@@ -144,11 +139,8 @@ class Catalog:
             row = s.get(Bucket, policy.name)
             if row is None:
                 raise CatalogNotFound(policy.name)
-            row.max_chunk_bytes = policy.max_chunk_bytes
-            row.default_ttl_seconds = policy.default_ttl_seconds
-            row.capacity_bytes = policy.capacity_bytes
-            row.anonymous_read = policy.anonymous_read
-            row.anonymous_write = policy.anonymous_write
+            for f in _POLICY_FIELDS:
+                setattr(row, f, getattr(policy, f))
             s.commit()
         return policy
 
@@ -167,7 +159,9 @@ class Catalog:
         secret_key: str | None = None,
         is_root: bool = False,
         description: str = "",
+        grants: dict[str, tuple[bool, bool]] | None = None,
     ) -> tuple[str, str]:
+        """Create a credential and its grants (bucket -> (read, write)) in one transaction."""
         access_key = access_key or generate_access_key()
         secret_key = secret_key or generate_secret_key()
         with self._session() as s:
@@ -180,6 +174,11 @@ class Catalog:
                 )
             )
             try:
+                s.flush()
+                for bucket, (read, write) in (grants or {}).items():
+                    if s.get(Bucket, bucket) is None:
+                        raise CatalogNotFound(bucket)
+                    s.add(Grant(access_key=access_key, bucket=bucket, can_read=read, can_write=write))
                 s.commit()
             except IntegrityError as exc:
                 raise CatalogConflict(f"access key {access_key} already exists") from exc
