@@ -15,10 +15,10 @@ from pathlib import Path
 
 from backends.catalog.secrets import SecretBox
 from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict
-from backends.index import ChunkIndex
+from backends.index import NETWORK_FILESYSTEMS, ChunkIndex, filesystem_type
 from backends.posix import PosixTier
 from gateway.access import Directory
-from gateway.config import Settings
+from gateway.config import ConfigurationError, Settings
 from gateway.service import ChunkService
 
 log = logging.getLogger("kvgw")
@@ -38,9 +38,39 @@ def open_catalog(settings: Settings) -> Catalog:
         box = SecretBox(settings.secret_key.get_secret_value().encode())
     else:
         box = SecretBox.from_key_file(settings.secret_key_path)
+    _refuse_sqlite_on_network_fs(settings.catalog_dsn)
     catalog = Catalog(settings.catalog_dsn, box)
     catalog.upgrade()
     return catalog
+
+
+def _refuse_sqlite_on_network_fs(dsn: str) -> None:
+    """SQLite's locking is not safe on NFS; gateways that share state share a PostgreSQL catalog."""
+    if not dsn.startswith("sqlite:///"):
+        return
+    path = Path(dsn.removeprefix("sqlite:///")).parent
+    fstype = filesystem_type(path)
+    if fstype in NETWORK_FILESYSTEMS:
+        raise ConfigurationError(
+            f"the SQLite catalog would live on a network filesystem ({fstype}) at {path}; "
+            "use local disk, or KVGW_CATALOG_URL=postgresql+psycopg://... for gateways that share one"
+        )
+
+
+def validate_policy(policy: BucketPolicy) -> None:
+    """Refuse placement policies the lifecycle engine could not apply."""
+    from gateway.lifecycle.policy import POLICIES
+
+    if policy.write_tier not in ("fs", "s3"):
+        raise ConfigurationError(f"write tier must be fs or s3, not {policy.write_tier!r}")
+    if not 0.0 < policy.low_watermark < policy.high_watermark <= 1.0:
+        raise ConfigurationError("watermarks must satisfy 0 < low < high <= 1")
+    if policy.eviction_policy not in POLICIES:
+        raise ConfigurationError(f"unknown eviction policy {policy.eviction_policy!r}; one of {sorted(POLICIES)}")
+    for name in ("max_chunk_bytes", "capacity_bytes", "s3_capacity_bytes", "default_ttl_seconds"):
+        value = getattr(policy, name)
+        if value is not None and value <= 0:
+            raise ConfigurationError(f"{name} must be positive")
 
 
 def bootstrap(settings: Settings, catalog: Catalog) -> RootCredentials | None:
