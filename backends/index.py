@@ -17,6 +17,7 @@ Databases inside the environment::
     chunks   digest(16)                 -> RECORD + bucket + key
     names    bucket NUL key (long keys: key[:424] NUL digest) -> digest   (ordered listing)
     parents  digest                     -> parent digest (prefix chains clients told us about)
+    pending  digest                     -> queued at, attempts (write-through to S3 not yet done)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ TIER_S3 = 2
 # size, checksum, created, expires, last_access, hits, tiers, flags, bucket_len, key_len
 RECORD = struct.Struct("<QQdddIBBHH")
 _EXPIRES = struct.Struct("<d")
+_PENDING = struct.Struct("<dI")  # queued at, attempts
 _EXPIRES_AT = 24
 _NAME_KEY_LIMIT = 424
 NETWORK_FILESYSTEMS = frozenset(
@@ -221,6 +223,7 @@ class ChunkIndex:
         self.chunks_db = self.env.open_db(b"chunks")
         self.names_db = self.env.open_db(b"names")
         self.parents_db = self.env.open_db(b"parents")
+        self.pending_db = self.env.open_db(b"pending")
         self._remap = threading.Lock()
         self._touch_lock = threading.Lock()
         self._touches: dict[bytes, tuple[float, int]] = {}
@@ -309,14 +312,25 @@ class ChunkIndex:
         out.sort(key=lambda e: e.key.encode())
         return out[:limit]
 
+    def scan_parents(self) -> list[tuple[bytes, bytes]]:
+        """Every recorded (child, parent) link, for rebuilding prefix-aware eviction state."""
+        with self._remap, self.env.begin(db=self.parents_db) as txn:
+            return [(bytes(child), bytes(parent)) for child, parent in txn.cursor()]
+
     def count(self) -> int:
         with self._remap, self.env.begin(db=self.chunks_db) as txn:
             return int(txn.stat(self.chunks_db)["entries"])
 
     # -- writes (the writer thread) ------------------------------------------------------------
 
-    async def put(self, digest: bytes, entry: IndexEntry, parent: bytes | None = None) -> None:
+    async def put(
+        self, digest: bytes, entry: IndexEntry, parent: bytes | None = None, *, replicate: bool = False
+    ) -> None:
+        """Index a chunk; with ``replicate`` also queue it for write-through, in the same transaction."""
+
         def op(txn: lmdb.Transaction) -> None:
+            if replicate:
+                txn.put(digest, _PENDING.pack(time.time(), 0), db=self.pending_db)
             old = txn.get(digest, db=self.chunks_db)
             if old is not None:
                 previous = IndexEntry.unpack(old)
@@ -342,15 +356,76 @@ class ChunkIndex:
 
         await self._submit(op)
 
+    async def update_tiers(self, digest: bytes, *, add: int = 0, remove: int = 0,
+                           done_pending: bool = False) -> IndexEntry | None:
+        """Set / clear tier bits of an entry (a copy appeared or left a tier); None if not indexed.
+
+        An entry whose last tier bit is cleared is deleted. ``done_pending`` also drops the chunk
+        from the write-through queue, in the same transaction as the bit that records the copy.
+        """
+
+        def op(txn: lmdb.Transaction) -> IndexEntry | None:
+            if done_pending:
+                txn.delete(digest, db=self.pending_db)
+            raw = txn.get(digest, db=self.chunks_db)
+            if raw is None:
+                return None
+            entry = IndexEntry.unpack(raw)
+            updated = replace(entry, tiers=(entry.tiers | add) & ~remove)
+            if updated.tiers == 0:
+                self._delete_in(txn, digest, entry)
+            else:
+                txn.put(digest, updated.pack(), db=self.chunks_db)
+            return updated
+
+        result: IndexEntry | None = await self._submit(op)
+        return result
+
+    def pending(self, limit: int = 256, after: bytes | None = None) -> list[tuple[bytes, float, int]]:
+        """Chunks waiting for write-through: (digest, queued at, attempts), in digest order."""
+        out: list[tuple[bytes, float, int]] = []
+        with self._remap, self.env.begin(db=self.pending_db) as txn:
+            cursor = txn.cursor()
+            if not (cursor.set_range(after) if after is not None else cursor.first()):
+                return out
+            for digest, raw in cursor:
+                if after is not None and digest == after:
+                    continue
+                queued, attempts = _PENDING.unpack(raw)
+                out.append((bytes(digest), queued, attempts))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def pending_count(self) -> int:
+        with self._remap, self.env.begin(db=self.pending_db) as txn:
+            return int(txn.stat(self.pending_db)["entries"])
+
+    async def retry_pending(self, digest: bytes) -> None:
+        def op(txn: lmdb.Transaction) -> None:
+            raw = txn.get(digest, db=self.pending_db)
+            if raw is not None:
+                queued, attempts = _PENDING.unpack(raw)
+                txn.put(digest, _PENDING.pack(queued, attempts + 1), db=self.pending_db)
+
+        await self._submit(op)
+
+    async def drop_pending(self, digest: bytes) -> None:
+        await self._submit(lambda txn: txn.delete(digest, db=self.pending_db))
+
+    def _delete_in(self, txn: lmdb.Transaction, digest: bytes, entry: IndexEntry) -> None:
+        txn.delete(digest, db=self.chunks_db)
+        txn.delete(name_key(entry.bucket, entry.key, digest), db=self.names_db)
+        txn.delete(digest, db=self.parents_db)
+        txn.delete(digest, db=self.pending_db)
+
     async def delete(self, digest: bytes) -> IndexEntry | None:
         def op(txn: lmdb.Transaction) -> IndexEntry | None:
             raw = txn.get(digest, db=self.chunks_db)
             if raw is None:
                 return None
             entry = IndexEntry.unpack(raw)
-            txn.delete(digest, db=self.chunks_db)
-            txn.delete(name_key(entry.bucket, entry.key, digest), db=self.names_db)
-            txn.delete(digest, db=self.parents_db)
+            self._delete_in(txn, digest, entry)
             return entry
 
         result: IndexEntry | None = await self._submit(op)
@@ -358,7 +433,7 @@ class ChunkIndex:
 
     async def clear(self) -> None:
         def op(txn: lmdb.Transaction) -> None:
-            for db in (self.chunks_db, self.names_db, self.parents_db):
+            for db in (self.chunks_db, self.names_db, self.parents_db, self.pending_db):
                 txn.drop(db, delete=False)
 
         await self._submit(op)

@@ -81,10 +81,10 @@ def cmd_index_rebuild(args: argparse.Namespace) -> int:
     from gateway.maintenance import rebuild_index
 
     async def job(gw: Any) -> int:
-        return await rebuild_index(gw.index, gw.fs)
+        return await rebuild_index(gw.index, gw.tiers)
 
     count = _with_gateway(args, job)
-    print(f"index rebuilt from the filesystem tier: {count} chunks")
+    print(f"index rebuilt from the tiers: {count} chunks")
     return 0
 
 

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     read_buffer_budget_bytes: int = 256 * MiB  # bytes of whole-read buffers in flight across requests
     body_idle_timeout: float = 60.0  # seconds a PUT body may stall before the upload is dropped
 
+    promote_on_read: bool = True  # a read of an S3-only chunk copies it into the filesystem tier first
+    s3_lookup_on_miss: bool = True  # an index and filesystem miss asks S3 (chunks other gateways wrote)
+    prefetch_concurrency: int = 8  # promotions running at once for POST .../prefetch
+    lifecycle_interval: float = 1.0  # seconds between lifecycle passes
+    lifecycle_budget: int = 256  # chunks a pass may expire, replicate or evict
+
     index_map_size: int = 1 << 30
     index_sync: bool = False
     index_allow_network_fs: bool = False

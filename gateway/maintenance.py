@@ -7,7 +7,8 @@ idempotent statement about one chunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import xxhash
 
@@ -38,23 +39,21 @@ class ScrubReport:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
 
 
-async def rebuild_index(index: ChunkIndex, tier: Tier) -> int:
-    """Drop the index and recreate it from the tier; returns the number of chunks indexed."""
+async def rebuild_index(index: ChunkIndex, tiers: Mapping[int, Tier]) -> int:
+    """Drop the index and recreate it from every tier (a chunk in several tiers gets every bit);
+    returns the number of chunks indexed."""
     await index.clear()
-    batch: list[tuple[bytes, IndexEntry]] = []
-    total = 0
-    async for digest, meta in tier.scan():
-        if meta is None or chunk_digest(meta.bucket, meta.key) != digest:
-            continue
-        batch.append((digest, entry_from_meta(meta)))
-        if len(batch) >= _BATCH:
-            await index.put_many(batch)
-            total += len(batch)
-            batch = []
-    if batch:
-        await index.put_many(batch)
-        total += len(batch)
-    return total
+    found: dict[bytes, IndexEntry] = {}
+    for bit, tier in sorted(tiers.items()):
+        async for digest, meta in tier.scan():
+            if meta is None or chunk_digest(meta.bucket, meta.key) != digest:
+                continue
+            known = found.get(digest)
+            found[digest] = entry_from_meta(meta, bit) if known is None else replace(known, tiers=known.tiers | bit)
+    items = list(found.items())
+    for start in range(0, len(items), _BATCH):
+        await index.put_many(items[start : start + _BATCH])
+    return len(items)
 
 
 async def _verify(tier: Tier, digest: bytes, meta: ChunkMeta, window: int) -> bool:

@@ -13,12 +13,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.base import Tier
 from backends.catalog.secrets import SecretBox
 from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict
-from backends.index import NETWORK_FILESYSTEMS, ChunkIndex, filesystem_type
+from backends.index import NETWORK_FILESYSTEMS, TIER_FS, ChunkIndex, filesystem_type
 from backends.posix import PosixTier
 from gateway.access import Directory
 from gateway.config import ConfigurationError, Settings
+from gateway.lifecycle.engine import LifecycleEngine
 from gateway.service import ChunkService
 
 log = logging.getLogger("kvgw")
@@ -118,13 +120,18 @@ class Gateway:
             allow_network_fs=settings.index_allow_network_fs,
         )
         self.fs = PosixTier(settings.fs_root_path, fsync=settings.fsync)
-        self.service = ChunkService(settings, self.directory, self.index, self.fs)
+        self.tiers: dict[int, Tier] = {TIER_FS: self.fs}
+        self.service = ChunkService(settings, self.directory, self.index, self.tiers)
+        self.lifecycle = LifecycleEngine(self.service, interval=settings.lifecycle_interval,
+                                         budget=settings.lifecycle_budget)
+        self.service.events = self.lifecycle
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         removed = await self.fs.cleanup_staging(self.settings.staging_max_age_seconds)
         if removed:
             log.info("removed %d staged files left by interrupted writes", removed)
+        await self.lifecycle.start()
         self._tasks.append(asyncio.create_task(self._refresh_catalog(), name="kvgw-catalog-refresh"))
         self._tasks.append(asyncio.create_task(self._clean_staging(), name="kvgw-staging-cleanup"))
 
@@ -145,6 +152,8 @@ class Gateway:
                 log.exception("staging cleanup failed")
 
     async def stop(self) -> None:
+        await self.lifecycle.stop()
+        await self.service.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -152,6 +161,8 @@ class Gateway:
                 await task
         self._tasks.clear()
         await self.index.flush()
+        for tier in self.tiers.values():
+            await tier.close()
 
     def close(self) -> None:
         self.index.close()

@@ -7,6 +7,7 @@
     POST   /v1/buckets/{bucket}/exists          {"keys": [...]} -> {"exists": [bool, ...]}
     POST   /v1/buckets/{bucket}/prefix          {"keys": [...]} -> {"length": n}
     POST   /v1/buckets/{bucket}/batch-get       {"keys": [...]} -> framed stream (gateway.wire)
+    POST   /v1/buckets/{bucket}/prefetch        {"keys": [...]} -> {"accepted", "local", "missing"}
 
 Keys are the percent-encoded rest of the path after ``chunks/`` (they may contain ``/``). Errors are
 ``{"error": {"code", "message", "request_id"}}`` with the status from ``STATUS``; nothing else in
@@ -48,7 +49,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.keys import InvalidKeyError, is_valid_bucket_name, validate_key
-from gateway.service import ChunkBody, ChunkInfo, ChunkService, parse_ttl
+from gateway.service import TIER_NAMES, ChunkBody, ChunkInfo, ChunkService, parse_ttl
 
 log = logging.getLogger("kvgw.api")
 
@@ -106,6 +107,7 @@ class NativeAPI:
             "exists": self._exists,
             "prefix": self._prefix,
             "batch-get": self._batch_get,
+            "prefetch": self._prefetch,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -166,7 +168,7 @@ class NativeAPI:
     def _base_headers(self, req: Request) -> Headers:
         return [(b"x-kvgw-request-id", req.request_id.encode())]
 
-    def _chunk_headers(self, req: Request, info: ChunkInfo) -> Headers:
+    def _chunk_headers(self, req: Request, info: ChunkInfo, tier: str | None = None) -> Headers:
         headers = self._base_headers(req)
         headers += [
             (b"content-type", wire.CHUNK_CONTENT_TYPE.encode()),
@@ -174,7 +176,7 @@ class NativeAPI:
             (wire.H_CHECKSUM.encode(), info.checksum_hex.encode()),
             (b"last-modified", http_date(info.created).encode()),
             (b"accept-ranges", b"bytes"),
-            (wire.H_TIER.encode(), info.tier.encode()),
+            (wire.H_TIER.encode(), (tier or info.tier).encode()),
         ]
         return headers
 
@@ -265,7 +267,7 @@ class NativeAPI:
         byte_range = _parse_range(req.header("range"))
         body = await self.service.open(bucket, key, byte_range)
         try:
-            headers = self._chunk_headers(req, body.info)
+            headers = self._chunk_headers(req, body.info, TIER_NAMES[body.tier])
             headers.append((b"content-length", str(body.length).encode()))
             status = 200
             if byte_range is not None:
@@ -295,6 +297,14 @@ class NativeAPI:
         keys = await self._keys(req)
         length = await self.service.prefix(bucket, keys)
         await self._send_json(req, send, {"length": length})
+
+    async def _prefetch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """Stage S3-held chunks into the filesystem tier ahead of reads; answers at once."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        keys = await self._keys(req)
+        result = await self.service.prefetch(bucket, keys)
+        await self._send_json(req, send, {"accepted": result.accepted, "local": result.local,
+                                          "missing": result.missing})
 
     async def _send_json(self, req: Request, send: Send, doc: Any) -> None:
         headers = self._base_headers(req)

@@ -1,0 +1,291 @@
+"""Eviction policies: in-memory orderings over the chunks of one (bucket, tier).
+
+A policy decides *which* chunk leaves a tier next; it never touches storage. The lifecycle engine keeps
+one instance per (bucket, tier), feeds it the events it sees and asks it for victims when the tier
+passes its high watermark. The offline trace simulator (``gateway.bench.trace_sim``) drives the very
+same classes, so the hit rates it reports are the hit rates of this code.
+
+Contract (every policy in ``POLICIES``):
+
+* Keys are opaque and hashable: the engine passes 16-byte chunk digests, the simulator ints. Keys are
+  never compared with each other, only hashed.
+* ``insert(key, size, now)``: the chunk landed in the tier. Inserting a present key counts as an
+  access (``touch``), except for FIFO, which ignores it. ``size`` is the chunk's size in bytes (any
+  positive number; the simulator passes tokens); policies may ignore it.
+* ``touch(key, now)``: a read hit. Unknown keys are ignored.
+* ``remove(key)``: the chunk left the tier (evicted, deleted, expired, demoted). Unknown keys are
+  ignored. Nothing is evicted until the engine calls ``remove``.
+* ``link(child, parent)``: the gateway learnt that ``parent`` is the previous chunk of ``child`` in a
+  prefix chain (``x-kvgw-parent`` on PUT, or the order of keys in a batch). Call it after ``insert``
+  of the child; a link for an absent child is ignored. The parent need not be present: the link is
+  kept with the child and counts when the parent arrives. A later link for the same child replaces
+  the earlier one. Policies that are not prefix-aware ignore links.
+* ``victim()``: the key to evict next, or ``None`` when the policy is empty. It does not remove the
+  key, but it may reorder internal state (second-chance queues do), so call it only when about to
+  evict. Calling it again without an intervening ``remove`` returns the same key. If the engine
+  cannot evict that chunk (I/O error), ``touch`` it to move it out of the way, or ``remove`` it.
+* ``key in policy``, ``len(policy)``: membership and number of keys held.
+* Time: ``now`` (seconds, any monotonic origin) is always passed in; no policy reads a clock.
+* Cost: every operation is O(1) or O(log n) amortised (heaps use lazy deletion and are compacted when
+  stale entries outnumber live ones). Memory is a few hundred bytes per key (see each class).
+* Threads: none. The engine calls a policy from one thread; no operation locks.
+
+Rebuild at startup: create the policy, then ``insert`` every indexed chunk in ascending last-access
+order (oldest first), followed by ``link`` for every chunk whose parent is recorded. Frequency state is
+not persisted; a rebuilt policy treats every chunk as accessed once.
+
+Policies are data: ``POLICIES`` maps a name to a class, ``make_policy(name)`` builds one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+# A lazily-deleted heap is rebuilt once it holds more than this factor times the live entries.
+_HEAP_SLACK = 2
+_HEAP_MIN = 64
+
+
+class EvictionPolicy(Protocol[K]):
+    """What the lifecycle engine and the simulator call; see the module docstring for the contract."""
+
+    name: ClassVar[str]
+
+    def insert(self, key: K, size: int, now: float) -> None: ...
+
+    def touch(self, key: K, now: float) -> None: ...
+
+    def remove(self, key: K) -> None: ...
+
+    def link(self, child: K, parent: K) -> None: ...
+
+    def victim(self) -> K | None: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class LRUPolicy(Generic[K]):
+    """Least recently used. One OrderedDict entry per key."""
+
+    name: ClassVar[str] = "lru"
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[K, None] = OrderedDict()
+
+    def insert(self, key: K, size: int, now: float) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+        else:
+            self._order[key] = None
+
+    def touch(self, key: K, now: float) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def remove(self, key: K) -> None:
+        self._order.pop(key, None)
+
+    def link(self, child: K, parent: K) -> None:
+        return None
+
+    def victim(self) -> K | None:
+        return next(iter(self._order), None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class FIFOPolicy(LRUPolicy[K]):
+    """First in, first out: hits and re-inserts do not change the order."""
+
+    name: ClassVar[str] = "fifo"
+
+    def insert(self, key: K, size: int, now: float) -> None:
+        if key not in self._order:
+            self._order[key] = None
+
+    def touch(self, key: K, now: float) -> None:
+        return None
+
+
+class LFUPolicy(Generic[K]):
+    """Least frequently used, ties broken by least recently used.
+
+    The count starts at 1 on insert, grows on every access and is forgotten when the key leaves
+    (in-cache LFU, no aging). A heap of ``(count, seq, key)`` with lazy deletion; O(log n).
+    """
+
+    name: ClassVar[str] = "lfu"
+
+    def __init__(self) -> None:
+        self._state: dict[K, tuple[int, int]] = {}
+        self._heap: list[tuple[int, int, K]] = []
+        self._seq = 0
+
+    def _access(self, key: K, count: int) -> None:
+        self._seq += 1
+        self._state[key] = (count, self._seq)
+        heapq.heappush(self._heap, (count, self._seq, key))
+        if len(self._heap) > _HEAP_SLACK * len(self._state) + _HEAP_MIN:
+            self._heap = [(c, s, k) for k, (c, s) in self._state.items()]
+            heapq.heapify(self._heap)
+
+    def insert(self, key: K, size: int, now: float) -> None:
+        state = self._state.get(key)
+        self._access(key, 1 if state is None else state[0] + 1)
+
+    def touch(self, key: K, now: float) -> None:
+        state = self._state.get(key)
+        if state is not None:
+            self._access(key, state[0] + 1)
+
+    def remove(self, key: K) -> None:
+        self._state.pop(key, None)
+
+    def link(self, child: K, parent: K) -> None:
+        return None
+
+    def victim(self) -> K | None:
+        heap, state = self._heap, self._state
+        while heap:
+            count, seq, key = heap[0]
+            if state.get(key) == (count, seq):
+                return key
+            heapq.heappop(heap)
+        return None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._state
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+
+class PrefixTree(Generic[K]):
+    """Child/parent bookkeeping shared by the prefix-aware policies.
+
+    ``parent[child]`` holds the learnt link of every present child; ``kids[p]`` counts the present
+    children of ``p`` whether or not ``p`` itself is present, so a parent that arrives after its
+    children is known not to be a leaf. Both maps hold at most one entry per present key.
+    """
+
+    def __init__(self) -> None:
+        self.parent: dict[K, K] = {}
+        self.kids: dict[K, int] = {}
+
+    def is_leaf(self, key: K) -> bool:
+        return key not in self.kids
+
+    def link(self, child: K, parent: K) -> K | None:
+        """Record the link; return a former parent that lost its last child, if any."""
+        old = self.parent.get(child)
+        if old == parent or child == parent:
+            return None
+        self.parent[child] = parent
+        self.kids[parent] = self.kids.get(parent, 0) + 1
+        return self._drop_kid(old) if old is not None else None
+
+    def unlink(self, child: K) -> K | None:
+        """Forget ``child``'s link; return its parent if that parent lost its last child."""
+        old = self.parent.pop(child, None)
+        return self._drop_kid(old) if old is not None else None
+
+    def _drop_kid(self, parent: K) -> K | None:
+        left = self.kids[parent] - 1
+        if left:
+            self.kids[parent] = left
+            return None
+        del self.kids[parent]
+        return parent
+
+
+class PrefixLRUPolicy(Generic[K]):
+    """Prefix-aware LRU: only leaves of the learnt chain tree are evictable, least recently used first.
+
+    A chunk with a present descendant is never the victim, so a prefix never loses a block in its
+    middle (which would make every block after it useless to a prefix lookup). Keys without links
+    are leaves. Should links ever form a cycle (no leaf left), ``victim`` falls back to the oldest
+    inserted key. A heap of ``(seq, key)`` over leaves with lazy deletion; O(log n). About 300 bytes
+    per key.
+    """
+
+    name: ClassVar[str] = "prefix-lru"
+
+    def __init__(self) -> None:
+        self._seq_of: dict[K, int] = {}
+        self._tree: PrefixTree[K] = PrefixTree()
+        self._heap: list[tuple[int, K]] = []
+        self._seq = 0
+
+    def _push(self, key: K) -> None:
+        heapq.heappush(self._heap, (self._seq_of[key], key))
+        if len(self._heap) > _HEAP_SLACK * len(self._seq_of) + _HEAP_MIN:
+            tree = self._tree
+            self._heap = [(s, k) for k, s in self._seq_of.items() if tree.is_leaf(k)]
+            heapq.heapify(self._heap)
+
+    def insert(self, key: K, size: int, now: float) -> None:
+        self._seq += 1
+        self._seq_of[key] = self._seq
+        if self._tree.is_leaf(key):
+            self._push(key)
+
+    def touch(self, key: K, now: float) -> None:
+        if key in self._seq_of:
+            self.insert(key, 0, now)
+
+    def remove(self, key: K) -> None:
+        if self._seq_of.pop(key, None) is None:
+            return
+        freed = self._tree.unlink(key)
+        if freed is not None and freed in self._seq_of:
+            self._push(freed)
+
+    def link(self, child: K, parent: K) -> None:
+        if child not in self._seq_of:
+            return
+        freed = self._tree.link(child, parent)
+        if freed is not None and freed in self._seq_of:
+            self._push(freed)
+
+    def victim(self) -> K | None:
+        heap, seq_of, tree = self._heap, self._seq_of, self._tree
+        while heap:
+            seq, key = heap[0]
+            if seq_of.get(key) == seq and tree.is_leaf(key):
+                return key
+            heapq.heappop(heap)
+        return next(iter(seq_of), None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._seq_of
+
+    def __len__(self) -> int:
+        return len(self._seq_of)
+
+
+POLICIES: dict[str, type[EvictionPolicy[Hashable]]] = {
+    "lru": LRUPolicy,
+    "fifo": FIFOPolicy,
+    "lfu": LFUPolicy,
+    "prefix-lru": PrefixLRUPolicy,
+}
+
+
+def make_policy(name: str) -> EvictionPolicy[Hashable]:
+    """Build the policy registered under ``name`` (``default`` included); KeyError names the choices."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown eviction policy {name!r}; choose one of {sorted(POLICIES)}") from None
+    return cls()

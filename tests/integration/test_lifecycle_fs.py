@@ -1,0 +1,194 @@
+"""The lifecycle engine over the real filesystem tier and LMDB index (no S3): TTL and eviction order."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from backends.catalog.store import BucketPolicy
+from gateway.config import load_settings
+from gateway.keys import chunk_digest
+from gateway.runtime import Gateway
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, clock: Clock) -> Iterator[Gateway]:
+    settings = load_settings(data_dir=tmp_path / "data", lifecycle_interval=3600.0, fsync=False)
+    gw = Gateway(settings)
+    gw.service.clock = clock
+    yield gw
+    gw.close()
+
+
+async def body(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def put(gw: Gateway, bucket: BucketPolicy, key: str, size: int = 1000, **kw: object) -> None:
+    result = await gw.service.put(bucket, key, body(os.urandom(size)), length=size, **kw)  # type: ignore[arg-type]
+    assert result.created
+
+
+async def make_bucket(gw: Gateway, name: str, policy: str, capacity: int = 10_000) -> BucketPolicy:
+    bucket = BucketPolicy(name, 1 << 20, capacity_bytes=capacity, high_watermark=0.9, low_watermark=0.8,
+                          eviction_policy=policy)
+    gw.catalog.create_bucket(bucket)
+    gw.directory.load()
+    return bucket
+
+
+def on_disk(gw: Gateway, bucket: str, key: str) -> bool:
+    return os.path.exists(gw.fs.path_for(chunk_digest(bucket, key)))
+
+
+async def fill(gw: Gateway, clock: Clock, bucket: BucketPolicy, keys: str) -> None:
+    for k in keys:
+        clock.now += 1
+        await put(gw, bucket, k)
+
+
+async def read(gw: Gateway, clock: Clock, bucket: BucketPolicy, keys: str) -> None:
+    for k in keys:
+        clock.now += 1
+        b = await gw.service.open(bucket, k)
+        await b.close()
+
+
+def survivors(gw: Gateway, bucket: BucketPolicy, keys: str) -> str:
+    return "".join(k for k in keys if on_disk(gw, bucket.name, k))
+
+
+async def test_ttl_expiry_reclaims_bytes_within_a_pass(gateway: Gateway, clock: Clock) -> None:
+    await gateway.start()
+    try:
+        bucket = await gateway.service.bucket("kvcache")
+        await put(gateway, bucket, "short", ttl=5)
+        await put(gateway, bucket, "long", ttl=500)
+        await put(gateway, bucket, "forever")
+        clock.now += 6
+        assert await gateway.service.lookup(bucket, "short") is None  # absent at once
+        assert on_disk(gateway, "kvcache", "short")  # bytes not yet reclaimed
+        report = await gateway.lifecycle.run_pass()
+        assert report.expired == 1
+        assert not on_disk(gateway, "kvcache", "short")
+        assert gateway.index.get(chunk_digest("kvcache", "short")) is None
+        assert on_disk(gateway, "kvcache", "long") and on_disk(gateway, "kvcache", "forever")
+    finally:
+        await gateway.stop()
+
+
+async def test_bucket_default_ttl(gateway: Gateway, clock: Clock) -> None:
+    gateway.catalog.update_bucket(replace(await gateway.service.bucket("kvcache"), default_ttl_seconds=10))
+    gateway.directory.load()
+    await gateway.start()
+    try:
+        bucket = await gateway.service.bucket("kvcache")
+        await put(gateway, bucket, "k")
+        clock.now += 11
+        await gateway.lifecycle.run_pass()
+        assert not on_disk(gateway, "kvcache", "k")
+    finally:
+        await gateway.stop()
+
+
+@pytest.mark.parametrize(
+    ("policy", "reads", "expected"),
+    [
+        ("lru", "a", "adefghij"),  # b, c are the least recently used (a was read)
+        ("fifo", "a", "cdefghij"),  # a, b came first; reads do not count
+        ("lfu", "abdfgh", "abdfghij"),  # c, e, i, j were read least; c, e least recently
+    ],
+)
+async def test_eviction_order_without_s3_deletes_in_policy_order(
+    gateway: Gateway, clock: Clock, policy: str, reads: str, expected: str
+) -> None:
+    await gateway.start()
+    try:
+        bucket = await make_bucket(gateway, f"b-{policy}", policy)
+        await fill(gateway, clock, bucket, "abcdefghi")  # 9000 bytes: at, not over, the high mark
+        await read(gateway, clock, bucket, reads)
+        await fill(gateway, clock, bucket, "j")  # 10 000 bytes > 9000
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 2
+        assert gateway.lifecycle.usage(bucket.name, 1) == 8000
+        assert survivors(gateway, bucket, "abcdefghij") == expected
+        for gone in sorted(set("abcdefghij") - set(expected)):
+            assert await gateway.service.lookup(bucket, gone) is None
+    finally:
+        await gateway.stop()
+
+
+async def test_prefix_aware_policy_never_evicts_a_chunk_with_a_cached_descendant(
+    gateway: Gateway, clock: Clock
+) -> None:
+    await gateway.start()
+    try:
+        bucket = await make_bucket(gateway, "b-prefix", "prefix-lru")
+        # chain a <- b <- c <- d (parent links from PUT), then unrelated x, y, z, w, v, u
+        previous = None
+        for k in "abcd":
+            clock.now += 1
+            await put(gateway, bucket, k, parent=previous)
+            previous = k
+        await fill(gateway, clock, bucket, "xyzwvu")  # 10 chunks: over the high mark
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 2
+        # LRU would evict a and b (the oldest); prefix-aware evicts only leaves: d is the chain's
+        # leaf, then c becomes one; a and b (still needed by c, d) stay until their tail is gone
+        assert survivors(gateway, bucket, "abcdxyzwvu") == "abxyzwvu"
+    finally:
+        await gateway.stop()
+
+
+async def test_chains_learnt_from_prefix_calls(gateway: Gateway, clock: Clock) -> None:
+    await gateway.start()
+    try:
+        bucket = await make_bucket(gateway, "b-learn", "prefix-lru")
+        await fill(gateway, clock, bucket, "abcdxyzwvu")
+        # no X-Kvgw-Parent: the chain a..d is learnt from the order of a prefix lookup
+        assert await gateway.service.prefix(bucket, list("abcd")) == 4
+        await gateway.lifecycle.run_pass()
+        assert survivors(gateway, bucket, "abcdxyzwvu") == "abxyzwvu"
+    finally:
+        await gateway.stop()
+
+
+async def test_engine_state_is_rebuilt_from_the_index_at_start(tmp_path: Path, clock: Clock) -> None:
+    settings = load_settings(data_dir=tmp_path / "data", lifecycle_interval=3600.0, fsync=False)
+    first = Gateway(settings)
+    first.service.clock = clock
+    await first.start()
+    bucket = await make_bucket(first, "b-restart", "lru")
+    await fill(first, clock, bucket, "abcdefghi")
+    await read(first, clock, bucket, "a")
+    await first.stop()
+    first.close()
+
+    second = Gateway(settings)
+    second.service.clock = clock
+    await second.start()
+    try:
+        assert second.lifecycle.usage("b-restart", 1) == 9000
+        await fill(second, clock, bucket, "j")
+        await second.lifecycle.run_pass()
+        assert survivors(second, bucket, "abcdefghij") == "adefghij"
+    finally:
+        await second.stop()
+        second.close()
