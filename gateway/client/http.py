@@ -1,0 +1,831 @@
+"""The one client of kvgw's native chunk API, shared by the LMCache connector, the L2 adapter, the
+CPU staging prefetcher and ``kvgw bench``.
+
+Why aiohttp: LMCache already depends on it (nothing new in the inference process), its C HTTP parser
+and streaming body reads carry multi-megabyte chunks with little overhead, and it accepts a streamed
+request body with an explicit Content-Length, so a PUT sends LMCache's buffer in 1 MiB slices without
+copying it. httpx has a sync client too, but that would be a second pool and a second code path;
+here sync callers reach the same async core through ``IoLoop.call`` (see ``gateway.client.loop``).
+
+Threading: every method may be called from any thread or event loop. The work runs on the client's
+I/O loop (one keep-alive pool, one health state); an awaiting caller's loop only waits on a future,
+and ``client.blocking`` blocks only the calling thread. Callbacks a caller passes (buffer providers,
+``on_item``) run on the I/O thread and must not block.
+
+Failure policy, in one place (``_attempts``/``_op``):
+
+* Every call is idempotent on this API (reads, and write-once PUTs whose retry answers "existed"),
+  so failed attempts are retried with jittered backoff when the error is ``retryable`` (connection,
+  timeout, 500/502/503/504, 429). A streamed body is never retried once bytes reached the caller.
+* Failures that say something about the gateway (``trips``) feed the ``Circuit``: after N in a row
+  calls fail fast with CircuitOpen and a background probe decides when to try again.
+* Every failure is counted and logged once per burst (``FailureLog``).
+* ``quiet=True`` turns any gateway-side failure into the call's neutral answer (no keys, no data,
+  ``PutOutcome.FAILED``, LOST items) instead of an exception. Programming errors still raise.
+* Data is never handed out unverified: size against Content-Length or the frame length, and xxh3-64
+  against X-Kvgw-Checksum or the frame checksum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import enum
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+import xxhash
+from yarl import URL
+
+from gateway import keys as keyrules
+from gateway import wire
+from gateway.client.config import ClientSettings
+from gateway.client.errors import (
+    CircuitOpen,
+    ClientClosed,
+    KvgwClientError,
+    ProtocolError,
+    Rejected,
+    ServerError,
+    Unavailable,
+)
+from gateway.client.framing import (
+    BatchItem,
+    BatchReader,
+    BufferProvider,
+    ItemStatus,
+    PayloadWriter,
+    byte_view,
+    destination_views,
+)
+from gateway.client.health import Circuit, CircuitState, Counters, FailureLog
+from gateway.client.loop import IoLoop
+
+T = TypeVar("T")
+
+log = logging.getLogger("kvgw.client")
+
+Buffer = bytes | bytearray | memoryview
+Payload = Buffer | Sequence[Buffer]
+"""A chunk body: one buffer, or several sent back to back (LMCache's metadata header and tensor)."""
+
+_WRITE_SLICE = 1 << 20
+_ERROR_BODY_LIMIT = 64 << 10
+_BRIDGE_DEPTH = 4
+
+
+class PutOutcome(enum.StrEnum):
+    STORED = "stored"  # 201: this write created the chunk
+    EXISTED = "existed"  # 200 + X-Kvgw-Existed: the key was already stored (first write wins)
+    FAILED = "failed"  # only with quiet=True: the write did not happen or its fate is unknown
+
+
+def encode_key(key: str) -> str:
+    """A key as one URL path segment (and as the X-Kvgw-Parent value): every reserved byte escaped."""
+    return quote(key, safe="")
+
+
+def _check_key(key: str) -> None:
+    try:
+        keyrules.validate_key(key)
+    except keyrules.InvalidKeyError as exc:
+        raise Rejected(400, wire.ErrorCode.INVALID_KEY, f"{key[:80]!r}: {exc}", None) from exc
+
+
+def _payload_views(data: Payload) -> list[memoryview]:
+    if isinstance(data, bytes | bytearray | memoryview):
+        return [byte_view(data)]
+    return [byte_view(part) for part in data]
+
+
+async def _slices(views: list[memoryview]) -> AsyncIterator[memoryview]:
+    for view in views:
+        for start in range(0, len(view), _WRITE_SLICE):
+            yield view[start : start + _WRITE_SLICE]
+
+
+def _batches(keys: list[str], size: int) -> Iterator[tuple[int, list[str]]]:
+    for start in range(0, len(keys), size):
+        yield start, keys[start : start + size]
+
+
+def _maybe_timeout(seconds: float | None) -> contextlib.AbstractAsyncContextManager[object]:
+    return asyncio.timeout(seconds) if seconds is not None else contextlib.nullcontext()
+
+
+@dataclass(slots=True)
+class _End:
+    error: BaseException | None
+
+
+class _Credit:
+    """Flow control of the cross-loop batch bridge: the producer's semaphore lives on the I/O loop."""
+
+    sem: asyncio.Semaphore | None = None
+
+    def release(self) -> None:
+        if self.sem is not None:
+            self.sem.release()
+
+
+class KvgwClient:
+    def __init__(
+        self,
+        settings: ClientSettings,
+        *,
+        io: IoLoop | None = None,
+        logger: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self._io = io if io is not None else IoLoop()
+        self._owns_io = io is None
+        self._log = logger or log
+        self._rand = rand
+        self._circuit = Circuit(settings.health, clock)
+        self._failures = FailureLog(self._log, f"kvgw {settings.url} bucket {settings.bucket}", clock)
+        self.counters = Counters()
+        self._session: aiohttp.ClientSession | None = None
+        self._write_gate: asyncio.Semaphore | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._closed = False
+        base = settings.url.rstrip("/")
+        self._probe_url = URL(base + settings.health.probe_path, encoded=True)
+        self._bucket_url = f"{base}{wire.API_PREFIX}/buckets/{quote(settings.bucket, safe='')}"
+        self._headers = {"User-Agent": "kvgw-client/0.1"}
+        if settings.access_key is not None:
+            self._headers["Authorization"] = f"Bearer {settings.access_key}:{settings.secret_key}"
+        self.blocking = BlockingClient(self)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def io(self) -> IoLoop:
+        return self._io
+
+    @property
+    def health(self) -> CircuitState:
+        return self._circuit.state
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict[str, object]:
+        """Counters (calls, retries, bytes, item statuses), failures by ``op.kind``, circuit state."""
+        return {
+            "circuit": str(self._circuit.state),
+            "circuit_opened": self._circuit.opened,
+            "counters": self.counters.snapshot(),
+            "failures": self._failures.counts(),
+        }
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> cf.Future[T]:
+        """Run background work on the I/O loop (the prefetcher's fetches)."""
+        return self._io.submit(coro)
+
+    # ------------------------------------------------------------------ public API
+
+    async def exists(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> list[bool]:
+        """Which of ``keys`` are stored. quiet: all False on failure."""
+        keys = list(keys)
+        if not keys:
+            return []
+        return await self._io.run(
+            self._op("exists", lambda: self._exists(keys), quiet=quiet, fallback=[False] * len(keys), deadline=timeout)
+        )
+
+    async def prefix(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
+        """How many leading ``keys`` are all stored. quiet: 0 on failure."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        return await self._io.run(
+            self._op("prefix", lambda: self._prefix(keys), quiet=quiet, fallback=0, deadline=timeout)
+        )
+
+    async def put(
+        self,
+        key: str,
+        data: Payload,
+        *,
+        parent: str | None = None,
+        ttl: int | None = None,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> PutOutcome:
+        """Store a chunk (write-once). ``data`` is read until this returns, and not after."""
+        return await self._io.run(
+            self._op(
+                "put", lambda: self._put(key, data, parent, ttl), quiet=quiet, fallback=PutOutcome.FAILED,
+                deadline=timeout,
+            )
+        )
+
+    async def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
+        """A chunk's verified bytes, or None if absent (quiet: also on failure)."""
+        item = await self._io.run(
+            self._op("get", lambda: self._get(key, None), quiet=quiet, fallback=None, deadline=timeout)
+        )
+        return item.data if item is not None and item.ok else None
+
+    async def get_into(
+        self, key: str, into: BufferProvider, *, quiet: bool = False, timeout: float | None = None
+    ) -> ItemStatus:
+        """Copy a chunk straight into ``into(0, length)``. OK, MISSING or REFUSED; quiet: LOST on failure
+        (then the buffer, if one was handed out, holds garbage)."""
+        item = await self._io.run(
+            self._op("get", lambda: self._get(key, into), quiet=quiet, fallback=None, deadline=timeout)
+        )
+        return ItemStatus.LOST if item is None else item.status
+
+    async def delete(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bool:
+        """Delete a chunk (root credentials only); False if it was absent (quiet: or on failure)."""
+        return await self._io.run(
+            self._op("delete", lambda: self._delete(key), quiet=quiet, fallback=False, deadline=timeout)
+        )
+
+    async def ping(self) -> bool:
+        """Probe the gateway's readiness; never raises. A success closes an open circuit."""
+        if self._closed:
+            return False
+        return await self._io.run(self._ping())
+
+    async def batch_get(
+        self, keys: Sequence[str], *, into: BufferProvider | None = None, quiet: bool = False
+    ) -> AsyncIterator[BatchItem]:
+        """Stream one BatchItem per key, in key order, as frames arrive.
+
+        Without ``into`` each OK item carries its payload; with ``into`` payloads go straight into the
+        buffers it returns (called on the I/O thread). A failure turns the remaining items LOST;
+        unless ``quiet``, it is then raised after the last item.
+        """
+        keys = list(keys)
+        if self._io.in_loop():
+            async for item in self._iter_batch(keys, into, quiet):
+                yield item
+            return
+        consumer = asyncio.get_running_loop()
+        queue: asyncio.Queue[BatchItem | _End] = asyncio.Queue()
+        credit = _Credit()
+
+        async def produce() -> None:
+            sem = credit.sem = asyncio.Semaphore(_BRIDGE_DEPTH)
+            end = _End(None)
+            try:
+                async for item in self._iter_batch(keys, into, quiet):
+                    await sem.acquire()
+                    consumer.call_soon_threadsafe(queue.put_nowait, item)
+            except BaseException as exc:
+                end = _End(exc)
+                raise
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    consumer.call_soon_threadsafe(queue.put_nowait, end)
+
+        future = self._io.submit(produce())
+        try:
+            while True:
+                got = await queue.get()
+                if isinstance(got, _End):
+                    if got.error is not None and not isinstance(got.error, asyncio.CancelledError):
+                        raise got.error
+                    return
+                self._io.call_soon(credit.release)
+                yield got
+        finally:
+            if not future.done():
+                future.cancel()
+
+    async def batch_get_into(
+        self,
+        keys: Sequence[str],
+        into: BufferProvider,
+        *,
+        on_item: Callable[[BatchItem], None] | None = None,
+        quiet: bool = False,
+    ) -> list[ItemStatus]:
+        """Fetch ``keys`` into caller buffers; ``on_item`` sees each item on the I/O thread as it
+        completes. Returns every key's status (quiet: failures are LOST, never raised)."""
+        return await self._io.run(self._batch_into(list(keys), into, on_item, quiet))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ClientClosed):
+            await self._io.run(self._shutdown())
+        if self._owns_io:
+            if self._io.in_loop():
+                self._io.close()
+            else:
+                await asyncio.to_thread(self._io.close)
+
+    def close(self) -> None:
+        """Close from a plain thread (waits) or from an event loop thread (does not wait)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        with contextlib.suppress(ClientClosed, cf.TimeoutError, cf.CancelledError):
+            if on_loop:
+                self._io.submit(self._shutdown())
+            else:
+                self._io.call(self._shutdown(), timeout=5.0)
+        if self._owns_io:
+            self._io.close(timeout=0.0 if on_loop else 5.0)
+
+    # ------------------------------------------------------------------ operations (I/O loop)
+
+    def _chunk_url(self, key: str) -> URL:
+        return URL(f"{self._bucket_url}/chunks/{encode_key(key)}", encoded=True)
+
+    async def _exists(self, keys: list[str]) -> list[bool]:
+        for key in keys:
+            _check_key(key)
+        out: list[bool] = []
+        for _, part in _batches(keys, self.settings.max_keys_per_call):
+            doc = await self._post_json("exists", "exists", part)
+            found = doc.get("exists") if isinstance(doc, dict) else None
+            if not isinstance(found, list) or len(found) != len(part) or not all(isinstance(b, bool) for b in found):
+                raise ProtocolError(f"exists: expected {len(part)} booleans, got {str(doc)[:200]}")
+            out.extend(found)
+        return out
+
+    async def _prefix(self, keys: list[str]) -> int:
+        for key in keys:
+            _check_key(key)
+        total = 0
+        for _, part in _batches(keys, self.settings.max_keys_per_call):
+            doc = await self._post_json("prefix", "prefix", part)
+            length = doc.get("length") if isinstance(doc, dict) else None
+            if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= len(part):
+                raise ProtocolError(f"prefix: expected a length in 0..{len(part)}, got {str(doc)[:200]}")
+            total += length
+            if length < len(part):
+                break
+        return total
+
+    async def _post_json(self, op: str, endpoint: str, keys: list[str]) -> object:
+        url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
+
+        async def attempt() -> object:
+            async with (
+                self._translate(op),
+                asyncio.timeout(self.settings.timeouts.control),
+                self._http().post(url, json={"keys": keys}) as resp,
+            ):
+                if resp.status != 200:
+                    raise await self._error_from(resp)
+                raw = await resp.read()
+            try:
+                return json.loads(raw)
+            except ValueError as exc:
+                raise ProtocolError(f"{op}: response is not JSON") from exc
+
+        return await self._attempts(op, attempt)
+
+    async def _put(self, key: str, data: Payload, parent: str | None, ttl: int | None) -> PutOutcome:
+        _check_key(key)
+        views = _payload_views(data)
+        length = sum(len(v) for v in views)
+        hasher = xxhash.xxh3_64()
+        for view in views:
+            hasher.update(view)
+        headers = {
+            "Content-Type": wire.CHUNK_CONTENT_TYPE,
+            "Content-Length": str(length),
+            wire.H_CHECKSUM: hasher.hexdigest(),
+        }
+        if parent is not None:
+            _check_key(parent)
+            headers[wire.H_PARENT] = encode_key(parent)
+        if ttl is not None:
+            if ttl <= 0:
+                raise ValueError("ttl must be a positive number of seconds")
+            headers[wire.H_TTL] = str(int(ttl))
+        url = self._chunk_url(key)
+
+        async def attempt() -> PutOutcome:
+            async with (
+                self._writer_slot(),
+                self._translate("put"),
+                _maybe_timeout(self.settings.timeouts.transfer),
+                self._http().put(url, data=_slices(views), headers=headers) as resp,
+            ):
+                if resp.status == 201:
+                    return PutOutcome.STORED
+                if resp.status == 200:
+                    existed = resp.headers.get(wire.H_EXISTED, "").lower() == "true"
+                    return PutOutcome.EXISTED if existed else PutOutcome.STORED
+                raise await self._error_from(resp)
+
+        outcome = await self._attempts("put", attempt)
+        self.counters.add("put.bytes", length)
+        self.counters.add(f"put.{outcome}")
+        return outcome
+
+    async def _get(self, key: str, into: BufferProvider | None) -> BatchItem:
+        _check_key(key)
+        url = self._chunk_url(key)
+        handed_out = False  # once the caller's buffer holds bytes, another attempt would ask for a new one
+
+        async def attempt() -> BatchItem:
+            try:
+                return await transfer()
+            except KvgwClientError as exc:
+                if handed_out:
+                    exc.retryable = False
+                raise
+
+        async def transfer() -> BatchItem:
+            nonlocal handed_out
+            async with (
+                self._translate("get"),
+                _maybe_timeout(self.settings.timeouts.transfer),
+                self._http().get(url) as resp,
+            ):
+                if resp.status == 404:
+                    err = await self._error_from(resp)
+                    if isinstance(err, Rejected) and err.code == wire.ErrorCode.NO_SUCH_CHUNK:
+                        return BatchItem(0, ItemStatus.MISSING)
+                    raise err
+                if resp.status != 200:
+                    raise await self._error_from(resp)
+                length, expected = self._chunk_headers(resp)
+                data: bytearray | None = None
+                if into is None:
+                    data = bytearray(length)
+                    writer = PayloadWriter([memoryview(data)], length)
+                else:
+                    dest = into(0, length)
+                    handed_out = True
+                    if dest is None:
+                        return BatchItem(0, ItemStatus.REFUSED, length)
+                    views = destination_views(dest)
+                    if sum(len(v) for v in views) != length:
+                        raise ValueError(f"buffer provider returned the wrong size for {length} bytes")
+                    writer = PayloadWriter(views, length)
+                async for chunk in resp.content.iter_any():
+                    if len(chunk) > writer.remaining:
+                        raise ProtocolError("get: more body bytes than Content-Length")
+                    writer.write(memoryview(chunk))
+                if writer.remaining:
+                    raise Unavailable(f"get: body cut short, {writer.remaining} of {length} bytes missing")
+                if expected is not None and writer.digest() != expected:
+                    raise ProtocolError(f"get {key[:80]!r}: payload checksum mismatch")
+                self.counters.add("get.bytes", length)
+                return BatchItem(0, ItemStatus.OK, length, data)
+
+        return await self._attempts("get", attempt)
+
+    def _chunk_headers(self, resp: aiohttp.ClientResponse) -> tuple[int, int | None]:
+        raw_length = resp.headers.get("Content-Length")
+        if raw_length is None or not raw_length.isdigit():
+            raise ProtocolError("get: response has no valid Content-Length")
+        length = int(raw_length)
+        if length > self.settings.max_chunk_bytes:
+            raise ProtocolError(f"get: {length} bytes exceeds max_chunk_bytes")
+        raw_sum = resp.headers.get(wire.H_CHECKSUM)
+        if raw_sum is None:
+            if self.settings.require_checksum:
+                raise ProtocolError(f"get: response has no {wire.H_CHECKSUM}")
+            return length, None
+        try:
+            if len(raw_sum) != 16:
+                raise ValueError(raw_sum)
+            return length, int(raw_sum, 16)
+        except ValueError as exc:
+            raise ProtocolError(f"get: malformed {wire.H_CHECKSUM} {raw_sum[:40]!r}") from exc
+
+    async def _delete(self, key: str) -> bool:
+        _check_key(key)
+        url = self._chunk_url(key)
+
+        async def attempt() -> bool:
+            async with (
+                self._translate("delete"),
+                asyncio.timeout(self.settings.timeouts.control),
+                self._http().delete(url) as resp,
+            ):
+                if resp.status in (200, 204):
+                    return True
+                err = await self._error_from(resp)
+                if resp.status == 404 and isinstance(err, Rejected) and err.code == wire.ErrorCode.NO_SUCH_CHUNK:
+                    return False
+                raise err
+
+        return await self._attempts("delete", attempt)
+
+    async def _batch_into(
+        self,
+        keys: list[str],
+        into: BufferProvider,
+        on_item: Callable[[BatchItem], None] | None,
+        quiet: bool,
+    ) -> list[ItemStatus]:
+        statuses = [ItemStatus.LOST] * len(keys)
+        async for item in self._iter_batch(keys, into, quiet):
+            statuses[item.index] = item.status
+            if on_item is not None:
+                on_item(item)
+        return statuses
+
+    async def _iter_batch(
+        self, keys: list[str], into: BufferProvider | None, quiet: bool
+    ) -> AsyncIterator[BatchItem]:
+        """The batch-get core: one item per key in order, failures as LOST, raise at the end."""
+        self.counters.add("batch_get.calls")
+        error: KvgwClientError | None = None
+        try:
+            for key in keys:
+                _check_key(key)
+        except KvgwClientError as exc:
+            error = exc
+            self._note_failure("batch_get", exc)
+        for offset, part in _batches(keys, self.settings.max_keys_per_call):
+            if error is not None:
+                for i in range(len(part)):
+                    yield BatchItem(offset + i, ItemStatus.LOST)
+                continue
+            async for item in self._iter_part(offset, part, into):
+                if isinstance(item, KvgwClientError):
+                    error = item
+                else:
+                    self.counters.add(f"batch_get.{item.status}")
+                    if item.status is ItemStatus.CORRUPT:
+                        self._failures.failure("batch_get", "corrupt", f"frame {item.index}: checksum mismatch")
+                    yield item
+        if error is not None and not quiet:
+            raise error
+
+    async def _iter_part(
+        self, offset: int, keys: list[str], into: BufferProvider | None
+    ) -> AsyncIterator[BatchItem | KvgwClientError]:
+        shifted = None if into is None else (lambda index, length: into(offset + index, length))
+        reader = BatchReader(len(keys), into=shifted, max_length=self.settings.max_chunk_bytes)
+        url = URL(f"{self._bucket_url}/batch-get", encoded=True)
+
+        async def open_stream() -> aiohttp.ClientResponse:
+            async with self._translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
+                resp = await self._http().post(url, json={"keys": keys})
+                try:
+                    if resp.status != 200:
+                        raise await self._error_from(resp)
+                    if resp.content_type != wire.BATCH_CONTENT_TYPE:
+                        raise ProtocolError(f"batch_get: unexpected content type {resp.content_type!r}")
+                except BaseException:
+                    resp.release()
+                    raise
+                return resp
+
+        failure: KvgwClientError | None = None
+        try:
+            resp = await self._attempts("batch_get", open_stream)
+        except KvgwClientError as exc:
+            failure = exc
+        else:
+            try:
+                async with self._translate("batch_get"):
+                    try:
+                        async for chunk in resp.content.iter_any():
+                            for item in reader.feed(chunk):
+                                yield BatchItem(offset + item.index, item.status, item.length, item.data)
+                            if reader.error is not None:
+                                break
+                    finally:
+                        if reader.complete and reader.error is None:
+                            resp.release()
+                        else:
+                            resp.close()
+                if reader.error is not None:
+                    raise ProtocolError(f"batch_get: {reader.error}")
+                if not reader.complete:
+                    raise Unavailable("batch_get: stream ended before its trailer")
+            except KvgwClientError as exc:
+                failure = exc
+                self._note_failure("batch_get", exc)
+            self.counters.add("batch_get.bytes", reader.bytes_received)
+        for item in reader.close():
+            yield BatchItem(offset + item.index, item.status)
+        if failure is not None:
+            yield failure
+
+    async def _ping(self) -> bool:
+        ok = await self._probe_once()
+        if ok and self._circuit.state is not CircuitState.CLOSED:
+            self._circuit.on_success()
+            self._failures.success()
+        return ok
+
+    async def _probe_once(self) -> bool:
+        try:
+            async with asyncio.timeout(self.settings.timeouts.control):
+                async with self._http().get(self._probe_url) as resp:
+                    await resp.read()
+                    return resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError, KvgwClientError):
+            return False
+
+    async def _probe_loop(self) -> None:
+        try:
+            while not self._closed and self._circuit.state is not CircuitState.CLOSED:
+                await asyncio.sleep(max(0.0, self._circuit.retry_in()))
+                if not self._circuit.begin_probe():
+                    continue
+                ok = await self._probe_once()
+                self._circuit.end_probe(ok)
+                self.counters.add("probe.ok" if ok else "probe.failed")
+                if ok:
+                    self._failures.success()
+        finally:
+            self._probe = None
+
+    async def _shutdown(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------------ policy
+
+    async def _op(
+        self, op: str, body: Callable[[], Awaitable[T]], *, quiet: bool, fallback: T, deadline: float | None
+    ) -> T:
+        """One public operation: the caller's deadline over all attempts, and ``quiet``."""
+        self.counters.add(f"{op}.calls")
+        try:
+            if deadline is None:
+                return await body()
+            async with asyncio.timeout(deadline):
+                return await body()
+        except TimeoutError as exc:
+            err = Unavailable(f"{op}: no answer within {deadline}s", timeout=True)
+            self._note_failure(op, err)
+            if quiet:
+                return fallback
+            raise err from exc
+        except KvgwClientError:
+            if quiet:
+                return fallback
+            raise
+
+    async def _attempts(self, op: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Retries, circuit and accounting around one request; a final failure is noted and raised."""
+        retry = 0
+        while True:
+            if self._closed:
+                raise ClientClosed()
+            if not self._circuit.allow():
+                err: KvgwClientError = CircuitOpen(self._circuit.retry_in())
+                self._note_failure(op, err)
+                raise err
+            try:
+                result = await attempt()
+            except KvgwClientError as exc:
+                if exc.retryable and retry + 1 < self.settings.retry.attempts:
+                    self._trip(exc)
+                    if self._circuit.allow():
+                        self.counters.add(f"{op}.retries")
+                        await asyncio.sleep(self.settings.retry.delay(retry, self._rand()))
+                        retry += 1
+                        continue
+                    self._failures.failure(op, exc.kind, str(exc))
+                    raise
+                self._note_failure(op, exc)
+                raise
+            self._circuit.on_success()
+            self._failures.success()
+            return result
+
+    def _note_failure(self, op: str, err: KvgwClientError) -> None:
+        self._trip(err)
+        self._failures.failure(op, err.kind, str(err))
+
+    def _trip(self, err: KvgwClientError) -> None:
+        if not err.trips:
+            return
+        if self._circuit.on_failure():
+            self._log.warning(
+                "kvgw %s: %d consecutive failures; failing fast, next probe in %.1fs",
+                self.settings.url, self._circuit.consecutive_failures, self._circuit.retry_in(),
+            )
+            if self._probe is None and not self._closed:
+                self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    @contextlib.asynccontextmanager
+    async def _translate(self, what: str) -> AsyncIterator[None]:
+        """The one boundary where aiohttp/asyncio/OS errors become client errors (most specific first)."""
+        try:
+            yield
+        except KvgwClientError:
+            raise
+        except TimeoutError as exc:  # includes aiohttp.ServerTimeoutError and asyncio.timeout()
+            raise Unavailable(f"{what}: timed out", timeout=True) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise Unavailable(f"{what}: cannot connect: {exc}") from exc
+        except aiohttp.ClientPayloadError as exc:
+            raise Unavailable(f"{what}: response cut short: {exc}") from exc
+        except aiohttp.ClientResponseError as exc:
+            raise ProtocolError(f"{what}: malformed response: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        except OSError as exc:
+            raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    async def _error_from(self, resp: aiohttp.ClientResponse) -> KvgwClientError:
+        code, message = "HTTP", resp.reason or ""
+        request_id = resp.headers.get(wire.H_REQUEST_ID)
+        with contextlib.suppress(Exception):
+            doc = json.loads(await resp.content.read(_ERROR_BODY_LIMIT))
+            err = doc["error"]
+            code = str(err.get("code") or code)
+            message = str(err.get("message") or message)
+            request_id = str(err.get("request_id") or request_id or "") or None
+        if resp.status >= 500:
+            return ServerError(resp.status, code, message, request_id)
+        return Rejected(resp.status, code, message, request_id)
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            if self._closed:
+                raise ClientClosed()
+            t = self.settings.timeouts
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.settings.pool_size, limit_per_host=self.settings.pool_size, keepalive_timeout=30.0
+                ),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read),
+                headers=self._headers,
+                auto_decompress=False,
+            )
+        return self._session
+
+    @contextlib.asynccontextmanager
+    async def _writer_slot(self) -> AsyncIterator[None]:
+        """Bounds concurrent PUTs so reads always find a free connection in the pool."""
+        if self._write_gate is None:
+            self._write_gate = asyncio.Semaphore(self.settings.write_concurrency)
+        async with self._write_gate:
+            yield
+
+
+class BlockingClient:
+    """The client's calls for plain threads: each blocks the calling thread, never an event loop.
+
+    Calling these from a thread that runs an event loop raises RuntimeError.
+    """
+
+    def __init__(self, client: KvgwClient) -> None:
+        self._c = client
+
+    def exists(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> list[bool]:
+        return self._c.io.call(self._c.exists(keys, quiet=quiet, timeout=timeout))
+
+    def prefix(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
+        return self._c.io.call(self._c.prefix(keys, quiet=quiet, timeout=timeout))
+
+    def put(
+        self,
+        key: str,
+        data: Payload,
+        *,
+        parent: str | None = None,
+        ttl: int | None = None,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> PutOutcome:
+        return self._c.io.call(self._c.put(key, data, parent=parent, ttl=ttl, quiet=quiet, timeout=timeout))
+
+    def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
+        return self._c.io.call(self._c.get(key, quiet=quiet, timeout=timeout))
+
+    def delete(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bool:
+        return self._c.io.call(self._c.delete(key, quiet=quiet, timeout=timeout))
+
+    def ping(self) -> bool:
+        return self._c.io.call(self._c.ping())
+
+    def batch_get_into(
+        self,
+        keys: Sequence[str],
+        into: BufferProvider,
+        *,
+        on_item: Callable[[BatchItem], None] | None = None,
+        quiet: bool = False,
+    ) -> list[ItemStatus]:
+        return self._c.io.call(self._c.batch_get_into(keys, into, on_item=on_item, quiet=quiet))

@@ -1,0 +1,532 @@
+"""LMCache 0.5.x remote connector that keeps KV chunks in kvgw, over the native chunk API.
+
+Configuration (LMCache YAML or ``LMCACHE_*`` environment), with ``max_local_cpu_size > 0``::
+
+    remote_storage_plugins: ["kvgw"]
+    extra_config:
+      remote_storage_plugin.kvgw.module_path: gateway.client.lmcache_connector
+      remote_storage_plugin.kvgw.class_name: KvgwConnector      # or KvgwConnectorAdapter
+      kvgw.url: http://127.0.0.1:9000
+      kvgw.bucket: kvcache
+      kvgw.access_key: ...                                      # or $KVGW_ACCESS_KEY / $KVGW_SECRET_KEY
+      kvgw.secret_key: ...
+      kvgw.prefetch_bytes: 268435456                            # CPU staging buffer; 0 disables
+
+All ``kvgw.*`` keys are listed in docs/lmcache-0.5.6-interfaces.md; an unknown one fails start-up
+(LMCache then only logs the error and runs without this backend: check that the connector loaded).
+With ``class_name: KvgwConnectorAdapter`` the plugin may also be named ``kvgw.<instance>`` and take
+per-instance settings as ``remote_storage_plugin.kvgw.<instance>.<key>``.
+
+How it maps LMCache's calls (thread and loop as LMCache 0.5.6 makes them):
+
+* lookup, sync path (lookup thread): ``batched_contains`` -> one ``prefix`` call, then the present
+  prefix is staged in the background; async path (``enable_async_loading``, LMCache's loop):
+  ``batched_async_contains`` likewise. Both also learn each key's predecessor (parent).
+* retrieve: ``batched_get``/``get``/``batched_get_non_blocking`` (LMCache's loop) take staged chunks
+  from memory, wait for ones in flight, and fetch the rest with one batch-get whose payloads are
+  copied straight into MemoryObjs allocated from LMCache's LocalCPUBackend.
+* store: ``batched_put``/``put`` (LMCache's loop): one PUT per chunk with its parent key; returns only
+  after the buffer was sent (LMCache drops its reference right after).
+* ``exists``/``exists_sync``/``remove_sync``/``ping``/``close`` as their names say.
+
+Nothing here ever raises into LMCache or blocks its loop on the network: every call uses
+``quiet=True``; a dead or slow gateway, a 5xx, a malformed answer make a get return None and a lookup
+find nothing, counted in ``stats()`` and logged once per burst. Network I/O runs on the client's own
+I/O thread; LMCache's loop only awaits futures. Payload copies and allocations for retrieves happen
+on that I/O thread too (LocalCPUBackend's allocator is locked, and we never let it busy-wait).
+
+Chunk format: with LMCache's ``save_chunk_meta`` (its default) a chunk is ``RemoteMetadata`` followed
+by the tensor bytes, as LMCache's FS connector writes it; with ``save_chunk_meta: false`` it is the raw
+tensor bytes, as LMCache's S3 connector writes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import os
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from lmcache.logging import init_logger
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.protocol import RemoteMetadata
+from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from gateway.client.chains import ParentMap
+from gateway.client.config import ClientSettings, SettingsReader, credentials_from_env, read_client_settings
+from gateway.client.framing import BatchItem, Destination, ItemStatus, byte_view
+from gateway.client.http import KvgwClient, Payload, PutOutcome
+from gateway.client.prefetch import Prefetcher
+
+T = TypeVar("T")
+
+logger = init_logger(__name__)
+
+SHARED_PREFIX = "kvgw."
+PLUGIN_TYPE = "kvgw"
+DEFAULT_PREFETCH_BYTES = 256 << 20
+PROBE_TTL_S = 600
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    client: ClientSettings
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    ttl: int | None = None  # X-Kvgw-TTL on every PUT
+    lookup_timeout: float = 2.0  # deadline of a lookup (all attempts), seconds
+    parent_map_size: int = 1 << 16
+
+    @classmethod
+    def from_extra_config(
+        cls, extra: Mapping[str, object] | None, plugin_name: str | None, environ: Mapping[str, str]
+    ) -> ConnectorSettings:
+        extra = extra or {}
+        shared = {k[len(SHARED_PREFIX) :]: v for k, v in extra.items() if k.startswith(SHARED_PREFIX)}
+        instance: dict[str, object] = {}
+        if plugin_name:
+            prefix = f"remote_storage_plugin.{plugin_name}."
+            instance = {
+                k[len(prefix) :]: v
+                for k, v in extra.items()
+                if k.startswith(prefix) and k[len(prefix) :] not in ("module_path", "class_name")
+            }
+        reader = SettingsReader(instance, shared)
+        access_key, secret_key = credentials_from_env(environ)
+        client = read_client_settings(reader, access_key=access_key, secret_key=secret_key)
+        ttl = reader.get_int("ttl_s", 0)
+        settings = cls(
+            client=client,
+            prefetch_bytes=reader.get_int("prefetch_bytes", DEFAULT_PREFETCH_BYTES),
+            ttl=ttl if ttl > 0 else None,
+            lookup_timeout=reader.get_float("lookup_timeout_s", 2.0),
+            parent_map_size=reader.get_int("parent_map_size", 1 << 16),
+        )
+        unknown = reader.leftover(shared) + reader.leftover(instance)
+        if unknown:
+            raise ValueError(f"unknown kvgw connector settings: {', '.join(sorted(set(unknown)))}")
+        if settings.prefetch_bytes < 0 or settings.lookup_timeout <= 0:
+            raise ValueError("prefetch_bytes must be >= 0 and lookup_timeout_s > 0")
+        return settings
+
+
+def _is_health_probe_key(key: CacheEngineKey) -> bool:
+    """The key LMCache's RemoteBackendHealthCheck writes and reads back to test recovery."""
+    return bool(key.model_name == "test" and key.world_size == 1 and key.worker_id == 0 and key.chunk_hash == 0)
+
+
+def _scatter(src: memoryview, dest: Destination) -> None:
+    views = [dest] if isinstance(dest, memoryview) else list(dest)
+    offset = 0
+    for view in views:
+        flat = byte_view(view, writable=True)
+        flat[:] = src[offset : offset + len(flat)]
+        offset += len(flat)
+
+
+class _Receiver:
+    """Turns payloads into LMCache MemoryObjs. ``into``/``on_item`` run on the client's I/O thread.
+
+    Every MemoryObj it allocates ends either in ``results`` (handed to LMCache by ``take``) or freed.
+    """
+
+    def __init__(self, conn: KvgwConnector, count: int) -> None:
+        self._c = conn
+        self._objs: list[MemoryObj | None] = [None] * count
+        self._meta: dict[int, bytearray] = {}
+        self._temp: dict[int, bytearray] = {}
+        self._results: list[MemoryObj | None] = [None] * count
+
+    def into(self, index: int, length: int) -> Destination | None:
+        c = self._c
+        meta_bytes, full = c.meta_bytes, c.full_chunk_size_bytes
+        if meta_bytes:
+            if length == meta_bytes + full:
+                obj = c.allocate()
+                if obj is None:
+                    return None
+                self._objs[index] = obj
+                meta = self._meta[index] = bytearray(meta_bytes)
+                return [memoryview(meta), byte_view(obj.byte_array, writable=True)]
+            if meta_bytes < length < meta_bytes + full:  # a partial chunk: its metadata says its shape
+                buf = self._temp[index] = bytearray(length)
+                return memoryview(buf)
+        elif 0 < length <= full and length % c.single_token_size == 0:
+            obj = c.allocate()
+            if obj is None:
+                return None
+            self._objs[index] = obj
+            return byte_view(obj.byte_array, writable=True)[:length]
+        c.count("bad_size")
+        return None
+
+    def on_item(self, item: BatchItem) -> None:
+        i = item.index
+        obj, self._objs[i] = self._objs[i], None
+        meta, temp = self._meta.pop(i, None), self._temp.pop(i, None)
+        if not item.ok:
+            if obj is not None:
+                obj.ref_count_down()
+            return
+        try:
+            self._results[i] = self._c.finish(obj, meta, temp, item.length)
+        except Exception as exc:  # LMCache-side surprise: never let it escape into the I/O loop
+            self._c.count("finish_error")
+            logger.warning("kvgw: could not rebuild a chunk: %s", exc)
+            if obj is not None:
+                obj.ref_count_down()
+
+    def take(self, index: int) -> MemoryObj | None:
+        obj, self._results[index] = self._results[index], None
+        return obj
+
+    def release(self) -> None:
+        for objs in (self._objs, self._results):
+            for i, obj in enumerate(objs):
+                if obj is not None:
+                    obj.ref_count_down()
+                    objs[i] = None
+
+
+class KvgwConnector(RemoteConnector):  # type: ignore[misc]
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        local_cpu_backend: Any,
+        config: Any,
+        plugin_name: str | None = None,
+    ) -> None:
+        super().__init__(local_cpu_backend.config, local_cpu_backend.metadata)
+        engine_config = config if config is not None else local_cpu_backend.config
+        self.settings = ConnectorSettings.from_extra_config(engine_config.extra_config, plugin_name, os.environ)
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self.meta_bytes: int = self.remote_metadata_bytes if self.save_chunk_meta else 0
+        self._client = KvgwClient(self.settings.client, logger=logger)
+        self._prefetcher = (
+            Prefetcher(self._client, self.settings.prefetch_bytes) if self.settings.prefetch_bytes > 0 else None
+        )
+        self._parents = ParentMap(self.settings.parent_map_size)
+        self._probe_key: str | None = None
+        logger.info(
+            "kvgw connector: %s bucket %s, chunk %d bytes, metadata header %d bytes, prefetch buffer %d bytes",
+            self.settings.client.url, self.settings.client.bucket, self.full_chunk_size_bytes,
+            self.meta_bytes, self.settings.prefetch_bytes,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def client(self) -> KvgwClient:
+        return self._client
+
+    @property
+    def prefetcher(self) -> Prefetcher | None:
+        return self._prefetcher
+
+    def stats(self) -> dict[str, object]:
+        out = self._client.stats()
+        if self._prefetcher is not None:
+            out["prefetch"] = self._prefetcher.stats()
+        return out
+
+    def count(self, name: str) -> None:
+        self._client.counters.add(f"lmcache.{name}")
+
+    def allocate(self) -> MemoryObj | None:
+        """A full-chunk MemoryObj from LocalCPUBackend, or None at once if the pool is exhausted."""
+        obj = self.local_cpu_backend.allocate(
+            self.meta_shapes, self.meta_dtypes, self.meta_fmt, eviction=True, busy_loop=False
+        )
+        if obj is None:
+            self.count("alloc_failed")
+        return obj
+
+    def finish(
+        self, obj: MemoryObj | None, meta: bytearray | None, temp: bytearray | None, length: int
+    ) -> MemoryObj | None:
+        """Check a received chunk against its metadata and return the MemoryObj LMCache gets."""
+        if self.meta_bytes == 0:
+            assert obj is not None
+            return obj if length == self.full_chunk_size_bytes else self.reshape_partial_chunk(obj, length)
+        if obj is not None:
+            assert meta is not None
+            md = RemoteMetadata.deserialize(meta)
+            if (
+                md.length != self.full_chunk_size_bytes
+                or list(md.shapes) != list(self.meta_shapes)
+                or list(md.dtypes) != list(self.meta_dtypes)
+                or md.fmt != self.meta_fmt
+            ):
+                self.count("meta_mismatch")
+                obj.ref_count_down()
+                return None
+            return obj
+        assert temp is not None
+        md = RemoteMetadata.deserialize(temp)
+        body = memoryview(temp)[self.meta_bytes :]
+        if md.length != len(body):
+            self.count("meta_mismatch")
+            return None
+        part = self.local_cpu_backend.allocate(md.shapes, md.dtypes, md.fmt, eviction=True, busy_loop=False)
+        if part is None:
+            self.count("alloc_failed")
+            return None
+        view = byte_view(part.byte_array, writable=True)
+        if len(view) != len(body):
+            self.count("meta_mismatch")
+            part.ref_count_down()
+            return None
+        view[:] = body
+        return part
+
+    def name_of(self, key: CacheEngineKey) -> str:
+        """The kvgw key that ``key`` is stored under."""
+        return self._key(key)
+
+    def _key(self, key: CacheEngineKey, *, write: bool = False) -> str:
+        name: str = key.to_string()
+        if not _is_health_probe_key(key):
+            return name
+        # LMCache's health check writes fresh bytes under this one key and expects to read them back;
+        # kvgw is write-once, so each probe write goes to a new key that reads then follow.
+        if write or self._probe_key is None:
+            self._probe_key = f"{name}@kvgw-probe%{uuid.uuid4().hex}"
+        return self._probe_key
+
+    def _body(self, obj: MemoryObj) -> Payload:
+        data = byte_view(obj.byte_array)
+        if not self.meta_bytes:
+            return data
+        md = RemoteMetadata(len(data), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format())
+        return [md.serialize(), data]
+
+    async def _on_io(self, coro: Coroutine[Any, Any, T], orphan: Callable[[T], None]) -> T:
+        """Await work on the I/O loop; if LMCache cancels us after it finished, ``orphan`` frees its result."""
+        future = self._client.io.submit(coro)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+
+            def cleanup(done: cf.Future[T]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    orphan(done.result())
+
+            future.add_done_callback(cleanup)
+            raise
+
+    def _staged_lookup(self, names: list[str], present: int) -> None:
+        if self._prefetcher is not None and present > 0:
+            self._prefetcher.stage(names, present=present)
+
+    # ------------------------------------------------------------------ lookups
+
+    async def exists(self, key: CacheEngineKey) -> bool:
+        found = await self._client.exists([self._key(key)], quiet=True, timeout=self.settings.lookup_timeout)
+        return found[0]
+
+    def exists_sync(self, key: CacheEngineKey) -> bool:
+        try:
+            found = self._client.blocking.exists(
+                [self._key(key)], quiet=True, timeout=self.settings.lookup_timeout
+            )
+        except RuntimeError:  # called on an event loop thread: refuse to block it
+            self.count("blocking_on_loop")
+            return False
+        return found[0]
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: list[CacheEngineKey]) -> int:
+        names = [self._key(k) for k in keys]
+        self._parents.learn(names)
+        try:
+            present = self._client.blocking.prefix(names, quiet=True, timeout=self.settings.lookup_timeout)
+        except RuntimeError:
+            self.count("blocking_on_loop")
+            return 0
+        self._staged_lookup(names, present)
+        return present
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        names = [self._key(k) for k in keys]
+        self._parents.learn(names)
+        present = await self._client.prefix(names, quiet=True, timeout=self.settings.lookup_timeout)
+        self._staged_lookup(names, present)
+        return present
+
+    # ------------------------------------------------------------------ retrieves
+
+    async def get(self, key: CacheEngineKey) -> MemoryObj | None:
+        objs = await self.batched_get([key])
+        return objs[0]
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        if not keys:
+            return []
+        names = [self._key(k) for k in keys]
+        return await self._on_io(self._fetch(names), _release_all)
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey]) -> list[MemoryObj]:
+        objs = await self.batched_get(keys)
+        prefix: list[MemoryObj] = []
+        for i, obj in enumerate(objs):
+            if obj is None:
+                _release_all(objs[i + 1 :])
+                break
+            prefix.append(obj)
+        return prefix
+
+    async def _fetch(self, names: list[str]) -> list[MemoryObj | None]:
+        """On the I/O loop: staged chunks from memory, the rest with one batch-get into MemoryObjs."""
+        results: list[MemoryObj | None] = [None] * len(names)
+        prefetcher = self._prefetcher
+        staged = [i for i, n in enumerate(names) if prefetcher is not None and prefetcher.tracks(n)]
+        staged_set = set(staged)
+        wanted = [i for i in range(len(names)) if i not in staged_set]
+        receiver = _Receiver(self, len(wanted))
+        try:
+            if wanted:
+                await self._client.batch_get_into(
+                    [names[i] for i in wanted], receiver.into, on_item=receiver.on_item, quiet=True
+                )
+                for j, i in enumerate(wanted):
+                    results[i] = receiver.take(j)
+            retry: list[int] = []
+            for i in staged:
+                assert self._prefetcher is not None
+                data = await self._prefetcher.get(names[i])
+                if data is None:
+                    retry.append(i)
+                else:
+                    results[i] = self._from_bytes(data)
+            if retry:  # staged fetches that failed: one more try, straight to MemoryObjs
+                again = _Receiver(self, len(retry))
+                try:
+                    await self._client.batch_get_into(
+                        [names[i] for i in retry], again.into, on_item=again.on_item, quiet=True
+                    )
+                    for j, i in enumerate(retry):
+                        results[i] = again.take(j)
+                finally:
+                    again.release()
+        except BaseException:
+            _release_all(results)
+            raise
+        finally:
+            receiver.release()
+        misses = sum(1 for r in results if r is None)
+        if misses:
+            self._client.counters.add("lmcache.get_none", misses)
+        return results
+
+    def _from_bytes(self, data: bytearray) -> MemoryObj | None:
+        receiver = _Receiver(self, 1)
+        dest = receiver.into(0, len(data))
+        if dest is None:
+            return None
+        _scatter(memoryview(data), dest)
+        receiver.on_item(BatchItem(0, ItemStatus.OK, len(data)))
+        return receiver.take(0)
+
+    # ------------------------------------------------------------------ stores
+
+    async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
+        name = self._key(key, write=True)
+        ttl = PROBE_TTL_S if _is_health_probe_key(key) else self.settings.ttl
+        outcome = await self._client.put(
+            name, self._body(memory_obj), parent=self._parents.parent(name), ttl=ttl, quiet=True
+        )
+        if outcome is PutOutcome.FAILED:
+            self.count("put_failed")
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys: list[CacheEngineKey], memory_objs: list[MemoryObj]) -> None:
+        names = [self._key(k, write=True) for k in keys]
+        parents = self._parents.parents_of_run(names)
+        self._parents.learn(names)
+        bodies = [self._body(obj) for obj in memory_objs]
+        outcomes = await self._client.io.run(self._put_all(names, bodies, parents))
+        failed = sum(1 for o in outcomes if o is PutOutcome.FAILED)
+        if failed:
+            self._client.counters.add("lmcache.put_failed", failed)
+
+    async def _put_all(
+        self, names: Sequence[str], bodies: Sequence[Payload], parents: Sequence[str | None]
+    ) -> list[PutOutcome]:
+        return list(
+            await asyncio.gather(
+                *(
+                    self._client.put(n, b, parent=p, ttl=self.settings.ttl, quiet=True)
+                    for n, b, p in zip(names, bodies, parents, strict=True)
+                )
+            )
+        )
+
+    # ------------------------------------------------------------------ the rest
+
+    def remove_sync(self, key: CacheEngineKey) -> bool:
+        try:
+            return self._client.blocking.delete(self._key(key), quiet=True)
+        except RuntimeError:
+            self.count("blocking_on_loop")
+            return False
+
+    async def list(self) -> list[str]:
+        return []  # the native API has no listing; LMCache 0.5.6 never lists remote keys on this path
+
+    def support_ping(self) -> bool:
+        return True
+
+    async def ping(self) -> int:
+        return 0 if await self._client.ping() else 1
+
+    async def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+        await self._client.aclose()
+
+    def __repr__(self) -> str:
+        return f"<KvgwConnector {self.settings.client.url} bucket={self.settings.client.bucket}>"
+
+
+def _release_all(objs: Sequence[MemoryObj | None]) -> None:
+    for obj in objs:
+        if obj is not None:
+            obj.ref_count_down()
+
+
+class KvgwConnectorAdapter(ConnectorAdapter):  # type: ignore[misc]
+    """Adapter route: claims ``plugin://kvgw`` and ``plugin://kvgw.<instance>``, and passes the
+    plugin name on so per-instance settings apply."""
+
+    def __init__(self) -> None:
+        super().__init__(f"plugin://{PLUGIN_TYPE}")
+
+    def can_parse(self, url: str) -> bool:
+        name = url.removeprefix("plugin://")
+        return url.startswith("plugin://") and (name == PLUGIN_TYPE or name.startswith(PLUGIN_TYPE + "."))
+
+    def create_connector(self, context: ConnectorContext) -> RemoteConnector:
+        return KvgwConnector(
+            loop=context.loop,
+            local_cpu_backend=context.local_cpu_backend,
+            config=context.config,
+            plugin_name=context.plugin_name,
+        )

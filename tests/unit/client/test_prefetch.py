@@ -1,0 +1,248 @@
+"""StagingBuffer (bounded LRU with reservations) and Prefetcher (stage, serve, never fetch twice)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+from collections import Counter
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import pytest
+
+from gateway.client.framing import BatchItem, BufferProvider, ItemStatus, destination_views
+from gateway.client.prefetch import Prefetcher, StagingBuffer
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- StagingBuffer
+
+
+def test_reserve_commit_take() -> None:
+    buf = StagingBuffer(100)
+    assert buf.reserve("a", 40, group=1) == []
+    assert not buf.is_ready("a") and buf.take("a") is None and buf.used == 40
+    buf.commit("a", bytearray(40))
+    assert buf.is_ready("a")
+    assert buf.take("a") == bytearray(40) and buf.used == 0 and "a" not in buf
+
+
+def test_lru_eviction_of_other_groups_only() -> None:
+    buf = StagingBuffer(100)
+    for key in "abc":
+        buf.reserve(key, 30, group=1)
+        buf.commit(key, bytearray(30))
+    assert buf.reserve("d", 30, group=1) is None  # would evict its own group: refused, nothing evicted
+    assert buf.used == 90
+    assert buf.reserve("d", 30, group=2) == [("a", 30)]  # oldest first, just enough
+    assert buf.used == 90 and "a" not in buf
+
+
+def test_reservations_are_never_evicted_and_limit_holds() -> None:
+    buf = StagingBuffer(100)
+    buf.reserve("a", 60, group=1)  # in flight
+    buf.reserve("b", 30, group=2)
+    buf.commit("b", bytearray(30))
+    assert buf.reserve("c", 50, group=3) is None
+    assert buf.used == 90
+    assert buf.reserve("big", 101, group=4) is None
+    assert buf.release_reservation("a", group=9) is False  # someone else's
+    assert buf.release_reservation("a", group=1) is True and buf.used == 30
+    assert buf.clear() == 30 and buf.used == 0
+
+
+def test_commit_must_match_reservation() -> None:
+    buf = StagingBuffer(10)
+    buf.reserve("a", 4, group=1)
+    with pytest.raises(ValueError):
+        buf.commit("a", bytearray(5))
+    with pytest.raises(KeyError):
+        buf.reserve("a", 4, group=1)
+
+
+# ---------------------------------------------------------------- Prefetcher
+
+
+class FakeSource:
+    """A ChunkSource on the test's loop; ``gate`` holds batch fetches in flight."""
+
+    def __init__(self, chunks: dict[str, bytes]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.chunks = chunks
+        self.fetched: Counter[str] = Counter()
+        self.prefix_calls = 0
+        self.direct_gets = 0
+        self.failing: set[str] = set()
+        self.gate: asyncio.Event | None = None
+        self.after_item: list[object] = []
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> cf.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def prefix(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
+        self.prefix_calls += 1
+        n = 0
+        while n < len(keys) and keys[n] in self.chunks:
+            n += 1
+        return n
+
+    async def batch_get_into(
+        self, keys: Sequence[str], into: BufferProvider, *, on_item: Any = None, quiet: bool = False
+    ) -> list[ItemStatus]:
+        if self.gate is not None:
+            await self.gate.wait()
+        statuses = []
+        for i, key in enumerate(keys):
+            self.fetched[key] += 1
+            data = self.chunks.get(key)
+            if data is None:
+                item = BatchItem(i, ItemStatus.MISSING)
+            elif key in self.failing:
+                item = BatchItem(i, ItemStatus.FAILED)
+            else:
+                dest = into(i, len(data))
+                if dest is None:
+                    item = BatchItem(i, ItemStatus.REFUSED, len(data))
+                else:
+                    destination_views(dest)[0][:] = data
+                    item = BatchItem(i, ItemStatus.OK, len(data))
+            if on_item is not None:
+                on_item(item)
+            statuses.append(item.status)
+            await asyncio.sleep(0)
+        return statuses
+
+    async def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
+        self.direct_gets += 1
+        data = self.chunks.get(key)
+        return None if data is None else bytearray(data)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_staged_chunks_are_served_from_memory() -> None:
+    source = FakeSource({k: k.encode() * 10 for k in "abc"})
+    pre = Prefetcher(source, 1000)
+    assert pre.stage(["a", "b", "c"]) == 3
+    await settle()
+    assert pre.tracks("a")
+    assert await pre.get("b") == b"b" * 10
+    assert not pre.tracks("b")  # handed over: a one-shot handoff
+    stats = pre.stats()
+    assert (stats.staged_hits, stats.misses, stats.prefetched_bytes, stats.used_bytes) == (1, 0, 30, 10)
+    assert stats.staged_now == 20
+    assert source.prefix_calls == 1 and sum(source.fetched.values()) == 3
+
+
+async def test_only_the_present_prefix_is_fetched() -> None:
+    source = FakeSource({"a": b"1", "b": b"2", "d": b"4"})
+    pre = Prefetcher(source, 1000)
+    pre.stage(["a", "b", "c", "d"])
+    await settle()
+    assert set(source.fetched) == {"a", "b"}
+    assert not pre.tracks("c") and not pre.tracks("d")
+    assert await pre.get("d") is None and pre.stats().misses == 1
+
+
+async def test_known_prefix_skips_the_lookup() -> None:
+    source = FakeSource({"a": b"1", "b": b"2"})
+    pre = Prefetcher(source, 1000)
+    pre.stage(["a", "b", "x"], present=2)
+    await settle()
+    assert source.prefix_calls == 0 and set(source.fetched) == {"a", "b"}
+
+
+async def test_a_key_in_flight_is_awaited_not_fetched_twice() -> None:
+    source = FakeSource({"a": b"A" * 5, "b": b"B" * 5})
+    source.gate = asyncio.Event()
+    pre = Prefetcher(source, 1000)
+    pre.stage(["a", "b"])
+    assert pre.stage(["a", "b"]) == 0  # already in flight
+    waiter = asyncio.ensure_future(pre.get("a"))
+    await settle()
+    assert not waiter.done()
+    source.gate.set()
+    assert await waiter == b"A" * 5
+    assert await pre.get("b") == b"B" * 5
+    assert source.fetched == Counter({"a": 1, "b": 1})
+    assert pre.stats().staged_hits == 2
+
+
+async def test_a_cancelled_waiter_does_not_disturb_other_waiters() -> None:
+    source = FakeSource({"a": b"A"})
+    source.gate = asyncio.Event()
+    pre = Prefetcher(source, 1000)
+    pre.stage(["a"])
+    impatient = asyncio.ensure_future(pre.get("a"))
+    patient = asyncio.ensure_future(pre.get("a"))
+    await settle()
+    impatient.cancel()
+    source.gate.set()
+    assert await patient == b"A"
+
+
+async def test_failed_fetch_is_a_miss_and_frees_its_reservation() -> None:
+    source = FakeSource({"a": b"A" * 50, "b": b"B" * 50})
+    source.failing.add("a")
+    pre = Prefetcher(source, 1000)
+    pre.stage(["a", "b"])
+    await settle()
+    assert await pre.get("a") is None
+    assert await pre.get("a", fallback=True) == b"A" * 50 and source.direct_gets == 1
+    stats = pre.stats()
+    assert stats.misses == 2 and stats.staged_now == 50  # only b is staged
+
+
+async def test_memory_never_exceeds_the_limit_and_unused_bytes_are_counted() -> None:
+    chunks = {f"k{i}": bytes([i]) * 100 for i in range(10)}
+    source = FakeSource(chunks)
+    pre = Prefetcher(source, 250)
+    peaks: list[int] = []
+    original = pre._provider
+
+    def spy(*args: Any) -> BufferProvider:
+        into = original(*args)
+
+        def wrapped(index: int, length: int) -> memoryview | None:
+            view = into(index, length)
+            peaks.append(pre.stats().staged_now)
+            return view
+
+        return wrapped
+
+    pre._provider = spy  # type: ignore[method-assign]
+    pre.stage([f"k{i}" for i in range(5)])  # 500 bytes asked, 250 allowed
+    await settle()
+    stats = pre.stats()
+    assert stats.staged_now == 200 and stats.refused == 3 and stats.evictions == 0
+    assert await pre.get("k0") == chunks["k0"]  # the leading chunks were kept
+    pre.stage(["k7", "k8"])  # a new request evicts the older, unused k1
+    await settle()
+    stats = pre.stats()
+    assert stats.evictions == 1 and stats.wasted_bytes == 100
+    assert max(peaks) <= 250
+    pre.close()
+    assert pre.stats().wasted_bytes == 300 and pre.stats().staged_now == 0
+
+
+async def test_miss_with_fallback_fetches_directly() -> None:
+    source = FakeSource({"a": b"hello"})
+    pre = Prefetcher(source, 100)
+    assert await pre.get("a", fallback=True) == b"hello"
+    assert source.direct_gets == 1 and pre.stats().misses == 1
+
+
+async def test_close_releases_waiters_and_stops_staging() -> None:
+    source = FakeSource({"a": b"A"})
+    source.gate = asyncio.Event()
+    pre = Prefetcher(source, 100)
+    pre.stage(["a"])
+    waiter = asyncio.ensure_future(pre.get("a"))
+    await settle()
+    pre.close()
+    assert await waiter is None
+    assert pre.stage(["a"]) == 0
