@@ -88,13 +88,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 class PosixStagedChunk:
-    """A write in progress: buffered pieces go to a private staging file, published with ``link``."""
+    """A write in progress: buffered pieces go to a private staging file, published with ``link``.
 
-    def __init__(self, tier: PosixTier, digest: bytes, staging_path: str, fd: int) -> None:
+    The staging file is created at the first flush, so a chunk that fits in one buffer is written,
+    published and cleaned up in a single worker-thread call.
+    """
+
+    def __init__(self, tier: PosixTier, digest: bytes, staging_path: str) -> None:
         self._tier = tier
         self._digest = digest
         self._path = staging_path
-        self._fd: int | None = fd
+        self._fd: int | None = None
         self._pending: list[bytes] = []
         self._pending_bytes = 0
 
@@ -102,58 +106,63 @@ class PosixStagedChunk:
         self._pending.append(data)
         self._pending_bytes += len(data)
         if self._pending_bytes >= _FLUSH_BYTES:
-            await self._flush()
+            pieces, self._pending, self._pending_bytes = self._pending, [], 0
+            await _run(self._write_sync, pieces, what="write staged chunk")
 
-    async def _flush(self) -> None:
-        if not self._pending or self._fd is None:
-            return
-        pieces, self._pending, self._pending_bytes = self._pending, [], 0
-        await _run(_write_all, self._fd, pieces, what="write staged chunk")
+    def _write_sync(self, pieces: list[bytes]) -> None:
+        if self._fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            self._fd = os.open(self._path, flags, 0o644)
+        _write_all(self._fd, pieces)
 
     async def publish(self, meta: ChunkMeta) -> bool:
-        self._pending.append(chunkfile.encode_footer(meta))
+        pieces = [*self._pending, chunkfile.encode_footer(meta)]
+        self._pending = []
         try:
-            await self._flush()
-            return await _run(self._publish_sync, what="publish chunk")
+            return await _run(self._publish_sync, pieces, what="publish chunk")
         finally:
-            await self.discard()
+            self._tier.forget_staging(self._path)
+            self._path = ""
 
-    def _publish_sync(self) -> bool:
-        assert self._fd is not None
-        if self._tier.fsync:
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
-        final = self._tier.path_for(self._digest)
-        shard = os.path.dirname(final)
-        self._tier.ensure_dir(shard)
+    def _publish_sync(self, pieces: list[bytes]) -> bool:
         try:
-            os.link(self._path, final)
-            created = True
-        except FileExistsError:
-            # On NFS a retransmitted LINK whose first reply was lost answers EEXIST although our
-            # link took effect: then the staged file has a second name.
-            created = os.stat(self._path).st_nlink > 1
-        if created and self._tier.fsync:
-            _fsync_dir(shard)
-        return created
+            self._write_sync(pieces)
+            assert self._fd is not None
+            if self._tier.fsync:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            final = self._tier.path_for(self._digest)
+            shard = os.path.dirname(final)
+            self._tier.ensure_dir(shard)
+            try:
+                os.link(self._path, final)
+                created = True
+            except FileExistsError:
+                # On NFS a retransmitted LINK whose first reply was lost answers EEXIST although our
+                # link took effect: then the staged file has a second name.
+                created = os.stat(self._path).st_nlink > 1
+            if created and self._tier.fsync:
+                _fsync_dir(shard)
+            return created
+        finally:
+            self._cleanup_sync()
+
+    def _cleanup_sync(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path)
 
     async def discard(self) -> None:
-        fd, self._fd = self._fd, None
         self._pending = []
-        path = self._path
-        self._path = ""
-        if not path:
+        if not self._path:
             return
-        self._tier.forget_staging(path)
-
-        def cleanup() -> None:
-            if fd is not None:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-        await _run(cleanup, what="discard staged chunk")
+        self._tier.forget_staging(self._path)
+        if self._fd is not None:
+            await _run(self._cleanup_sync, what="discard staged chunk")
+        self._path = ""
 
 
 class PosixTier:
@@ -191,10 +200,8 @@ class PosixTier:
 
     async def stage(self, digest: bytes) -> PosixStagedChunk:
         path = f"{self._staging}/{self._host}.{os.getpid()}.{next(self._seq)}{_STAGING_SUFFIX}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = await _run(os.open, path, flags, 0o644, what="create staged chunk")
         self._live_staging.add(path)
-        return PosixStagedChunk(self, digest, path, fd)
+        return PosixStagedChunk(self, digest, path)
 
     def forget_staging(self, path: str) -> None:
         self._live_staging.discard(path)

@@ -44,6 +44,19 @@ def build_control_plane(gateway: Gateway) -> FastAPI:
         _require_root(gateway, request)
         return {"buckets": [b.name for b in gateway.directory.buckets()]}
 
+    @api.get("/v1/admin/stats")
+    async def stats(request: Request) -> dict[str, Any]:
+        _require_root(gateway, request)
+        service, lifecycle = gateway.service, gateway.lifecycle
+        return {
+            "chunks_indexed": gateway.index.count(),
+            "write_through_pending": gateway.index.pending_count(),
+            "usage": lifecycle.usage_report(),
+            "lifecycle": {k: v for k, v in vars(lifecycle.totals).items() if isinstance(v, int)},
+            "moved_bytes": dict(service.moved_bytes),
+            "promotions": service.promotions,
+        }
+
     return api
 
 

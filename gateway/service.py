@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -220,6 +221,8 @@ class ChunkService:
         self._promotions: dict[bytes, asyncio.Future[bool]] = {}
         self._background: set[asyncio.Task[bool]] = set()
         self._prefetch_slots = asyncio.Semaphore(settings.prefetch_concurrency)
+        self.moved_bytes: Counter[str] = Counter()  # "fs->s3", "s3->fs": bytes copied between tiers
+        self.promotions = 0
 
     async def bucket(self, name: str) -> BucketPolicy:
         return await self.directory.bucket(name)
@@ -591,6 +594,7 @@ class ChunkService:
             meta_task.cancel()
             await staged.discard()
             raise
+        self.moved_bytes[f"{TIER_NAMES[src]}->{TIER_NAMES[dst]}"] += size
         if created:
             return
         existing = await target.stat(digest)
@@ -625,6 +629,7 @@ class ChunkService:
             return False
         parent = self.index.parent_of(digest)
         self.events.stored(info.bucket, digest, TIER_FS, info.size, info.expires, parent, self.clock())
+        self.promotions += 1
         return True
 
     async def prefetch(self, bucket: BucketPolicy, keys: Sequence[str]) -> PrefetchResult:

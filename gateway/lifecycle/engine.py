@@ -107,6 +107,15 @@ class LifecycleEngine:
         ledger = self._ledgers.get((bucket, tier))
         return 0 if ledger is None else ledger.usage
 
+    def usage_report(self) -> dict[str, dict[str, int]]:
+        """Bytes and chunks per bucket and tier, as the ledgers see them."""
+        out: dict[str, dict[str, int]] = {}
+        for (bucket, tier), ledger in sorted(self._ledgers.items()):
+            name = TIER_NAMES[tier]
+            out.setdefault(bucket, {})[f"{name}_bytes"] = ledger.usage
+            out[bucket][f"{name}_chunks"] = len(ledger.sizes)
+        return out
+
     def _policy_of(self, bucket: str) -> BucketPolicy:
         for policy in self.service.directory.buckets():
             if policy.name == bucket:

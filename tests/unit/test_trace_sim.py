@@ -1,0 +1,156 @@
+"""Trace simulator: the simulation rules on handmade traces, agreement with the reference hit rates on
+the Mooncake traces, and the default policy beating LRU there.
+
+The Mooncake traces live outside the repository: ``../shared/traces/`` next to the repo root, or the
+directory named by ``KVGW_TRACES_DIR``. Tests that need them are skipped when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from gateway.bench.trace_sim import (
+    Request,
+    load_trace,
+    main,
+    next_uses,
+    run_sim,
+    simulate,
+    simulate_belady,
+    simulate_named,
+)
+from gateway.lifecycle.policy import LRUPolicy, PrefixLRUPolicy
+
+TRACES_DIR = Path(os.environ.get("KVGW_TRACES_DIR") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
+REFERENCE = TRACES_DIR / "hitrate_reference_cold.json"
+TRACES = ["conversation_trace.jsonl", "synthetic_trace.jsonl"]
+needs_traces = pytest.mark.skipif(
+    not REFERENCE.is_file(),
+    reason=f"Mooncake traces not found in {TRACES_DIR} (set KVGW_TRACES_DIR to the shared/traces directory)",
+)
+
+# Every capacity of the reference file (1M, 3M and 10M tokens are the ones that matter most).
+CAPACITIES = [int(m * 1_000_000) for m in (0.1, 0.2, 0.5, 1, 2, 3, 5, 10, 20, 50, 100)]
+REFERENCE_NAMES = {"lru": "lru", "fifo": "fifo", "lfu": "lfu", "prefix-lru": "plru", "belady": "belady"}
+TOLERANCE = 0.005
+
+
+def req(ids: list[int], input_length: int | None = None, ts: float = 0.0) -> Request:
+    return Request(ts, 512 * len(ids) if input_length is None else input_length, tuple(ids))
+
+
+# -- the rules, on handmade traces ---------------------------------------------------------------------
+
+
+def test_prefix_hits_are_token_weighted_with_a_partial_last_block() -> None:
+    trace = [req([1, 2, 3], 1100), req([1, 2, 3], 1100), req([1, 2, 4], 1300)]
+    res = simulate(trace, LRUPolicy(), 10)
+    # request 2 hits all three blocks (512 + 512 + 76 tokens), request 3 hits the first two (1024)
+    assert res.hit_tokens == 1100 + 1024
+    assert res.total_tokens == 3500
+    assert res.hit_blocks == 5
+    assert res.total_blocks == 9
+
+
+def test_hits_stop_at_the_first_miss() -> None:
+    trace = [req([1, 2, 3]), req([9, 2, 3])]
+    assert simulate(trace, LRUPolicy(), 10).hit_blocks == 0
+
+
+def test_a_request_stores_at_most_capacity_blocks() -> None:
+    trace = [req([1, 2, 3, 4, 5]), req([1, 2, 3, 4, 5])]
+    policy: LRUPolicy[int] = LRUPolicy()
+    res = simulate(trace, policy, 3)
+    assert res.hit_blocks == 3  # the first three blocks were stored, the tail never was
+    assert sorted(k for k in range(10) if k in policy) == [1, 2, 3]
+
+
+def test_head_first_order_makes_lru_evict_heads_and_prefix_lru_tails() -> None:
+    trace = [req([1, 2]), req([3])]
+    lru: LRUPolicy[int] = LRUPolicy()
+    plru: PrefixLRUPolicy[int] = PrefixLRUPolicy()
+    simulate(trace, lru, 2)
+    simulate(trace, plru, 2)
+    assert 1 not in lru and 2 in lru
+    assert 1 in plru and 2 not in plru
+
+
+def test_zero_capacity_hits_nothing() -> None:
+    trace = [req([1]), req([1])]
+    assert simulate(trace, LRUPolicy(), 0).hit_rate == 0.0
+    assert simulate_belady(trace, 0).hit_rate == 0.0
+
+
+def test_belady_skips_a_newcomer_needed_last() -> None:
+    # capacity 1: block 1 is needed by request 2, block 2 never again -> keep 1, do not admit 2
+    trace = [req([1]), req([2]), req([1])]
+    assert next_uses(trace) == [[2], [1 << 62], [1 << 62]]
+    res = simulate_belady(trace, 1)
+    assert res.hit_blocks == 1
+    assert simulate(trace, LRUPolicy(), 1).hit_blocks == 0
+
+
+def test_run_sim_and_cli_on_a_small_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    lines = [{"timestamp": i * 10, "input_length": 1000, "hash_ids": [0, 1 + i % 3]} for i in range(30)]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = run_sim(trace, "default", [1024, 2048])
+    assert [r["capacity_tokens"] for r in rows] == [1024, 2048]
+    assert {"trace", "policy", "capacity_tokens", "hit_rate"} <= set(rows[0])
+    assert rows[0]["policy"] == "default" and rows[0]["trace"] == "t.jsonl"
+    out = tmp_path / "out.json"
+    assert main(["--trace", str(trace), "--policy", "fifo", "--capacity-tokens", "1024", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "fifo" in printed and "belady" in printed and "gap closed" in printed
+    assert {r["policy"] for r in json.loads(out.read_text())} == {"fifo", "lru", "belady"}
+    with pytest.raises(KeyError):
+        run_sim(trace, "nope", [1024])
+
+
+# -- the Mooncake traces -------------------------------------------------------------------------------
+
+
+@cache
+def _trace(name: str) -> list[Request]:
+    return load_trace(TRACES_DIR / name)
+
+
+@cache
+def _uses(name: str) -> list[list[int]]:
+    return next_uses(_trace(name))
+
+
+@cache
+def _reference() -> dict[tuple[str, str, int], float]:
+    data = json.loads(REFERENCE.read_text())
+    return {
+        (t["trace"], r["policy"], int(r["capacity_tokens"])): r["prefix_token"]
+        for t in data["traces"]
+        for r in t["results"]
+    }
+
+
+@needs_traces
+@pytest.mark.parametrize("trace", TRACES)
+@pytest.mark.parametrize("policy", sorted(REFERENCE_NAMES))
+def test_matches_reference(trace: str, policy: str) -> None:
+    ref = _reference()
+    for cap in CAPACITIES:
+        got = simulate_named(_trace(trace), policy, cap // 512, _uses(trace)).hit_rate
+        want = ref[trace, REFERENCE_NAMES[policy], cap]
+        assert got == pytest.approx(want, abs=TOLERANCE), f"{policy} at {cap} tokens on {trace}"
+
+
+@needs_traces
+@pytest.mark.parametrize("trace", TRACES)
+def test_default_beats_lru(trace: str) -> None:
+    ref = _reference()
+    for cap in (1_000_000, 3_000_000, 10_000_000):
+        got = simulate_named(_trace(trace), "default", cap // 512).hit_rate
+        assert got > ref[trace, "lru", cap] + 0.003, f"default vs lru at {cap} tokens on {trace}"
+        assert got <= ref[trace, "belady", cap] + TOLERANCE
