@@ -3,7 +3,7 @@
 Layout under the root::
 
     chunks/ab/cd/<32 hex digest>     published chunks (data + footer, see chunkfile)
-    staging/<host>.<pid>.<n>.part    in-progress writes of one gateway process
+    staging/<host>.<pid>.<token><n>.part   in-progress writes of one gateway process
     quarantine/<digest>.<unix time>  chunks that failed verification
 
 Publishing is ``link(staged, final)``: link never overwrites, so it is an atomic create-if-absent
@@ -178,6 +178,7 @@ class PosixTier:
         self._quarantine = str(root / "quarantine")
         self._host = socket.gethostname().replace(".", "_")
         self._seq = itertools.count()
+        self._token = os.urandom(4).hex()  # several tiers in one process never share a staging name
         self._known_dirs: set[str] = set()
         self._live_staging: set[str] = set()  # this process's writes in progress: never cleaned
         for path in (self._chunks, self._staging, self._quarantine):
@@ -199,7 +200,7 @@ class PosixTier:
         self._known_dirs.add(path)
 
     async def stage(self, digest: bytes) -> PosixStagedChunk:
-        path = f"{self._staging}/{self._host}.{os.getpid()}.{next(self._seq)}{_STAGING_SUFFIX}"
+        path = f"{self._staging}/{self._host}.{os.getpid()}.{self._token}{next(self._seq)}{_STAGING_SUFFIX}"
         self._live_staging.add(path)
         return PosixStagedChunk(self, digest, path)
 

@@ -15,6 +15,8 @@ from typing import Any
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from backends.s3_settings import S3TierSettings
+
 MiB = 1 << 20
 
 
@@ -31,6 +33,7 @@ class Settings(BaseSettings):
     # Where each part lives; defaults are under data_dir. The fs tier may be an NFS mount; the index
     # and a SQLite catalog must be on local disk.
     fs_root: Path | None = None
+    s3: S3TierSettings | None = None  # the S3 tier (KVGW_S3__ENDPOINT_URL, KVGW_S3__BUCKET, ...); off if unset
     index_dir: Path | None = None
     catalog_url: str | None = None
     secret_key: SecretStr | None = None  # Fernet key for credential secrets; else secret_key_file
@@ -61,12 +64,24 @@ class Settings(BaseSettings):
     catalog_refresh_seconds: float = 5.0
     staging_max_age_seconds: float = 3600.0
 
+    # S3-compatible API (gateway.api.s3.app)
+    s3_api_default_bucket: str | None = None  # bucket of bare-host requests (LMCache s3://host:port); default_bucket
+    s3_api_base_domain: str = ""  # virtual-hosted style: <bucket>.<base domain>[:port]; comma-separated list allowed
+    s3_api_region: str = "us-east-1"  # GetBucketLocation answer; requests signed for any region are accepted
+    s3_api_min_part_bytes: int = 5 * MiB  # every multipart part but the last must be at least this large
+    s3_api_multipart_max_age_seconds: float = 7 * 86400.0  # uploads idle this long are swept away
+    s3_api_sweep_interval_seconds: float = 600.0
+
     log_level: str = "info"
     access_log: bool = False
 
     @property
     def fs_root_path(self) -> Path:
         return self.fs_root or self.data_dir / "fs"
+
+    @property
+    def s3_default_bucket(self) -> str:
+        return self.s3_api_default_bucket or self.default_bucket
 
     @property
     def index_path(self) -> Path:

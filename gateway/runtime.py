@@ -16,7 +16,7 @@ from pathlib import Path
 from backends.base import Tier
 from backends.catalog.secrets import SecretBox
 from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict
-from backends.index import NETWORK_FILESYSTEMS, TIER_FS, ChunkIndex, filesystem_type
+from backends.index import NETWORK_FILESYSTEMS, TIER_FS, TIER_S3, ChunkIndex, filesystem_type
 from backends.posix import PosixTier
 from gateway.access import Directory
 from gateway.config import ConfigurationError, Settings
@@ -121,6 +121,10 @@ class Gateway:
         )
         self.fs = PosixTier(settings.fs_root_path, fsync=settings.fsync)
         self.tiers: dict[int, Tier] = {TIER_FS: self.fs}
+        if settings.s3 is not None:
+            from backends.s3 import S3Tier
+
+            self.tiers[TIER_S3] = S3Tier(settings.s3)
         self.service = ChunkService(settings, self.directory, self.index, self.tiers)
         self.lifecycle = LifecycleEngine(self.service, interval=settings.lifecycle_interval,
                                          budget=settings.lifecycle_budget)

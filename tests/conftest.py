@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.s3server import moto_server, s3_bucket, s3_endpoint  # noqa: F401
+
 ROOT_AK = "KVTESTROOTACCESSKEY0"
 ROOT_SK = "test-root-secret-key-0123456789"
 REPO = Path(__file__).resolve().parents[1]

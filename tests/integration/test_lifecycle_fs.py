@@ -135,12 +135,13 @@ async def test_eviction_order_without_s3_deletes_in_policy_order(
         await gateway.stop()
 
 
+@pytest.mark.parametrize("policy", ["prefix-lru", "default"])
 async def test_prefix_aware_policy_never_evicts_a_chunk_with_a_cached_descendant(
-    gateway: Gateway, clock: Clock
+    gateway: Gateway, clock: Clock, policy: str
 ) -> None:
     await gateway.start()
     try:
-        bucket = await make_bucket(gateway, "b-prefix", "prefix-lru")
+        bucket = await make_bucket(gateway, f"b-{policy}", policy)
         # chain a <- b <- c <- d (parent links from PUT), then unrelated x, y, z, w, v, u
         previous = None
         for k in "abcd":
