@@ -2,6 +2,7 @@
 
     /v1/buckets/...                         native chunk API (raw ASGI, hot path)
     /healthz /readyz /v1/admin/... /docs    FastAPI (control plane, OpenAPI)
+    everything else                         S3-compatible API (raw ASGI, gateway.api.s3.app)
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from fastapi.responses import JSONResponse
 
 from gateway.api.http import Receive, Scope, Send
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
+from gateway.api.s3.app import S3API
+from gateway.buckets import BucketService
 from gateway.config import Settings
+from gateway.multipart import MultipartStore
 from gateway.runtime import Gateway
 
 log = logging.getLogger("kvgw")
+
+CONTROL_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+CONTROL_PREFIX = "/v1/"  # "v1" is no valid bucket name, so S3 paths never start with it
 
 
 def build_control_plane(gateway: Gateway) -> FastAPI:
@@ -55,6 +62,7 @@ def build_control_plane(gateway: Gateway) -> FastAPI:
             "lifecycle": {k: v for k, v in vars(lifecycle.totals).items() if isinstance(v, int)},
             "moved_bytes": dict(service.moved_bytes),
             "promotions": service.promotions,
+            "write_through_skipped": service.write_through_skipped,
         }
 
     return api
@@ -101,14 +109,24 @@ class GatewayApp:
         self.gateway = gateway
         self.native = NativeAPI(gateway.service, gateway.directory)
         self.control = build_control_plane(gateway)
+        settings = gateway.settings
+        self.s3 = S3API(
+            gateway.service, gateway.directory,
+            BucketService(gateway.catalog, gateway.directory, gateway.index, max_chunk_bytes=settings.max_chunk_bytes),
+            MultipartStore(settings.fs_root_path, fsync=settings.fsync),
+            settings,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if scope["path"].startswith(BUCKETS_PREFIX):
+            path = scope["path"]
+            if path.startswith(BUCKETS_PREFIX):
                 await self.native(scope, receive, send)
-            else:
+            elif path.startswith(CONTROL_PREFIX) or path in CONTROL_PATHS:
                 await self.control(scope, receive, send)
+            else:
+                await self.s3(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         else:
@@ -120,6 +138,7 @@ class GatewayApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.gateway.start()
+                    await self.s3.start()
                 except Exception as exc:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -127,6 +146,7 @@ class GatewayApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 try:
+                    await self.s3.stop()
                     await self.gateway.stop()
                 finally:
                     self.gateway.close()

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     promote_on_read: bool = True  # a read of an S3-only chunk copies it into the filesystem tier first
     s3_lookup_on_miss: bool = True  # an index and filesystem miss asks S3 (chunks other gateways wrote)
     prefetch_concurrency: int = 8  # promotions running at once for POST .../prefetch
+    write_through_max_pending: int = 100_000  # queued write-through copies; beyond it new writes are not
+    # queued (counted in /v1/admin/stats): the chunk stays in the filesystem tier and is demoted, not
+    # lost, if it is ever evicted
     lifecycle_interval: float = 1.0  # seconds between lifecycle passes
     lifecycle_budget: int = 256  # chunks a pass may expire, replicate or evict
 

@@ -223,6 +223,7 @@ class ChunkService:
         self._prefetch_slots = asyncio.Semaphore(settings.prefetch_concurrency)
         self.moved_bytes: Counter[str] = Counter()  # "fs->s3", "s3->fs": bytes copied between tiers
         self.promotions = 0
+        self.write_through_skipped = 0  # writes not queued for S3 because the queue was full
 
     async def bucket(self, name: str) -> BucketPolicy:
         return await self.directory.bucket(name)
@@ -395,6 +396,9 @@ class ChunkService:
         parent_digest = None if parent is None else chunk_digest(bucket.name, parent)
         entry = IndexEntry(bucket.name, key, length, value, now, meta.expires, last_access=now, tiers=bit)
         replicate = bucket.write_through and bit == TIER_FS and self.s3 is not None
+        if replicate and self.index.pending_count() >= self.settings.write_through_max_pending:
+            replicate = False
+            self.write_through_skipped += 1
         await self.index.put(digest, entry, parent_digest, replicate=replicate)
         self.events.stored(bucket.name, digest, bit, length, meta.expires, parent_digest, now)
         return PutResult(True, ChunkInfo.from_entry(entry))

@@ -158,6 +158,18 @@ async def test_write_tier_s3(gateway: Gateway, s3_endpoint: S3Endpoint, s3_bucke
     assert await get(gateway, bucket, "big") == data
 
 
+async def test_write_through_queue_is_bounded(gateway: Gateway) -> None:
+    bucket = await make_bucket(gateway, "bounded", write_through=True)
+    gateway.settings.write_through_max_pending = 3
+    for i in range(5):
+        await put(gateway, bucket, f"b{i}", b"z" * 100)
+    assert gateway.index.pending_count() == 3
+    assert gateway.service.write_through_skipped == 2
+    await gateway.lifecycle.run_pass()
+    assert gateway.index.pending_count() == 0
+    assert [placed(gateway, "bounded", f"b{i}") for i in range(5)] == [TIER_FS | TIER_S3] * 3 + [TIER_FS] * 2
+
+
 async def test_ttl_reclaims_s3_copies_too(gateway: Gateway, clock: Clock, s3_endpoint: S3Endpoint,
                                           s3_bucket: str) -> None:
     bucket = await make_bucket(gateway, "ttl", write_through=True)

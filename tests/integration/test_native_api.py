@@ -167,6 +167,13 @@ def test_exists_prefix_batch_get(client: httpx.Client, server: ServerProcess) ->
             assert f.payload == blobs[k]
 
 
+def test_prefetch_answers_at_once(client: httpx.Client, server: ServerProcess) -> None:
+    put(client, server, "local", b"x")
+    r = client.post(f"{server.url}/v1/buckets/kvcache/prefetch", json={"keys": ["local", "absent"]})
+    assert r.status_code == 200
+    assert r.json() == {"accepted": 0, "local": 1, "missing": 1}  # no S3 tier: nothing to stage
+
+
 def test_batch_calls_reject_bad_bodies(client: httpx.Client, server: ServerProcess) -> None:
     base = f"{server.url}/v1/buckets/kvcache"
     for body in [b"not json", b'{"keys": "x"}', b'{"keys": [1, 2]}', b"[]"]:
