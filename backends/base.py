@@ -38,7 +38,7 @@ class ChunkMeta:
 class StagedChunk(Protocol):
     """One in-progress write. Exactly one of ``publish`` / ``discard`` must be awaited."""
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | memoryview) -> None:
         """Append bytes. May raise StorageFull or TierUnavailable (then call ``discard``)."""
 
     async def publish(self, meta: ChunkMeta) -> bool:
@@ -67,7 +67,7 @@ class Tier(Protocol):
         """
         ...
 
-    def stream(self, digest: bytes, offset: int, length: int, window: int) -> AsyncIterator[bytes]:
+    def stream(self, digest: bytes, offset: int, length: int, window: int) -> AsyncIterator[bytes | memoryview]:
         """The same bytes in pieces of at most ``window`` bytes, opening the chunk once."""
         ...
 

@@ -66,7 +66,7 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, pieces: list[bytes]) -> None:
+def _write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
     views = [memoryview(p) for p in pieces if p]
     while views:
         written = os.writev(fd, views)
@@ -99,32 +99,42 @@ class PosixStagedChunk:
         self._digest = digest
         self._path = staging_path
         self._fd: int | None = None
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
+        self._writing: asyncio.Future[None] | None = None  # the one buffer being written meanwhile
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | memoryview) -> None:
+        """Buffer ``data``; a full buffer is written by a worker thread while the next one fills, so
+        receiving the body and writing it overlap (at most two buffers per write in memory)."""
         self._pending.append(data)
         self._pending_bytes += len(data)
         if self._pending_bytes >= _FLUSH_BYTES:
             pieces, self._pending, self._pending_bytes = self._pending, [], 0
-            await _run(self._write_sync, pieces, what="write staged chunk")
+            await self._wait_writing()
+            self._writing = asyncio.ensure_future(_run(self._write_sync, pieces, what="write staged chunk"))
 
-    def _write_sync(self, pieces: list[bytes]) -> None:
+    async def _wait_writing(self) -> None:
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            await writing
+
+    def _write_sync(self, pieces: list[bytes | memoryview]) -> None:
         if self._fd is None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             self._fd = os.open(self._path, flags, 0o644)
         _write_all(self._fd, pieces)
 
     async def publish(self, meta: ChunkMeta) -> bool:
-        pieces = [*self._pending, chunkfile.encode_footer(meta)]
+        pieces: list[bytes | memoryview] = [*self._pending, chunkfile.encode_footer(meta)]
         self._pending = []
         try:
+            await self._wait_writing()
             return await _run(self._publish_sync, pieces, what="publish chunk")
         finally:
             self._tier.forget_staging(self._path)
             self._path = ""
 
-    def _publish_sync(self, pieces: list[bytes]) -> bool:
+    def _publish_sync(self, pieces: list[bytes | memoryview]) -> bool:
         try:
             self._write_sync(pieces)
             assert self._fd is not None
@@ -157,6 +167,8 @@ class PosixStagedChunk:
 
     async def discard(self) -> None:
         self._pending = []
+        with contextlib.suppress(BackendError):
+            await self._wait_writing()
         if not self._path:
             return
         self._tier.forget_staging(self._path)
@@ -229,17 +241,32 @@ class PosixTier:
         finally:
             os.close(fd)
 
-    async def stream(self, digest: bytes, offset: int, length: int, window: int) -> AsyncIterator[bytes]:
-        path = self.path_for(digest)
-        fd = await _run(os.open, path, os.O_RDONLY | os.O_CLOEXEC, what="open chunk")
+    async def stream(self, digest: bytes, offset: int, length: int, window: int
+                     ) -> AsyncIterator[bytes | memoryview]:
+        """Windows of one mapping of the chunk. Once the consumer asks for the next window, the
+        previous one's pages are dropped from this process (MADV_DONTNEED: they stay in the page
+        cache, and a socket still sending them faults them back in), so a large chunk streamed to a
+        slow client holds about one window of resident memory, not the whole chunk."""
+        mapped = await _run(self._map_sync, self.path_for(digest), offset + length, what="open chunk")
+        if mapped is None:  # empty, or shorter than asked: a short read says so
+            yield await self.read(digest, offset, length)
+            return
+        view = memoryview(mapped)
+        end = offset + length
+        while offset < end:
+            n = min(window, end - offset)
+            yield view[offset : offset + n]
+            start = offset - offset % mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, start, offset + n - start)
+            offset += n
+
+    @staticmethod
+    def _map_sync(path: str, end: int) -> mmap.mmap | None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            end = offset + length
-            while offset < end:
-                piece = await _run(os.pread, fd, min(window, end - offset), offset, what="read chunk")
-                if not piece:
-                    return
-                offset += len(piece)
-                yield piece
+            if end == 0 or os.fstat(fd).st_size < end:
+                return None
+            return mmap.mmap(fd, end, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
 

@@ -60,7 +60,7 @@ class S3StagedChunk:
         """The multipart upload's id once the chunk outgrew one part, else None."""
         return self._upload_id
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | memoryview) -> None:
         if self._finished:
             raise BackendError("write to a staged chunk that was already published or discarded")
         self._buffer += data

@@ -69,7 +69,7 @@ class Settings(BaseSettings):
 
     # S3-compatible API (gateway.api.s3.app)
     s3_api_default_bucket: str | None = None  # bucket of bare-host requests (LMCache s3://host:port); default_bucket
-    s3_api_base_domain: str = ""  # virtual-hosted style: <bucket>.<base domain>[:port]; comma-separated list allowed
+    s3_api_base_domain: str = "localhost"  # virtual-hosted style: <bucket>.<base domain>[:port]; comma-separated
     s3_api_region: str = "us-east-1"  # GetBucketLocation answer; requests signed for any region are accepted
     s3_api_min_part_bytes: int = 5 * MiB  # every multipart part but the last must be at least this large
     s3_api_multipart_max_age_seconds: float = 7 * 86400.0  # uploads idle this long are swept away

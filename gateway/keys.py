@@ -11,8 +11,10 @@ client craft a key that shadows another tenant's chunk).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+from typing import Any
 
 MAX_KEY_BYTES = 1024
 DIGEST_BYTES = 16
@@ -25,6 +27,9 @@ _IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 
 class InvalidKeyError(ValueError):
     """The key breaks the key rules; the message says which rule."""
+
+
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def validate_key(key: str) -> bytes:
@@ -41,10 +46,10 @@ def validate_key(key: str) -> bytes:
         raise InvalidKeyError("key is not valid UTF-8") from exc
     if len(raw) > MAX_KEY_BYTES:
         raise InvalidKeyError(f"key is {len(raw)} bytes; the limit is {MAX_KEY_BYTES}")
-    for ch in key:
-        code = ord(ch)
-        if code < 0x20 or 0x7F <= code <= 0x9F:
-            raise InvalidKeyError(f"key contains control character U+{code:04X}")
+    if not (key.isascii() and key.isprintable()):  # the common case: printable ASCII, nothing to check
+        bad = _CONTROL_RE.search(key)
+        if bad is not None:
+            raise InvalidKeyError(f"key contains control character U+{ord(bad.group()):04X}")
     return raw
 
 
@@ -54,8 +59,16 @@ def is_valid_bucket_name(name: str) -> bool:
 
 def chunk_digest(bucket: str, key: str) -> bytes:
     """The 16-byte identity of (bucket, key) used by the index and every tier."""
+    h = _bucket_hasher(bucket).copy()
+    h.update(key.encode("utf-8"))
+    digest: bytes = h.digest()
+    return digest
+
+
+@functools.lru_cache(maxsize=1024)
+def _bucket_hasher(bucket: str) -> Any:
+    """A BLAKE2b state already fed with ``bucket NUL``: copying it halves the cost of a digest."""
     h = hashlib.blake2b(digest_size=DIGEST_BYTES)
     h.update(bucket.encode("utf-8"))
     h.update(b"\x00")
-    h.update(key.encode("utf-8"))
-    return h.digest()
+    return h

@@ -134,7 +134,7 @@ class ChunkBody:
         info: ChunkInfo,
         offset: int,
         length: int,
-        pieces: AsyncIterator[bytes] | None = None,
+        pieces: AsyncIterator[bytes | memoryview] | None = None,
         data: bytes | memoryview | None = None,
         release: Callable[[], None] | None = None,
         tier: int = TIER_FS,
@@ -549,7 +549,10 @@ class ChunkService:
         pieces = tier.stream(digest, 0, info.size, self.settings.read_window_bytes)
         try:
             async for piece in pieces:
-                hasher.update(piece)
+                if len(piece) > _HASH_ON_LOOP_BYTES:
+                    await asyncio.to_thread(hasher.update, piece)  # first touch of mapped pages: off the loop
+                else:
+                    hasher.update(piece)
                 size += len(piece)
         finally:
             await pieces.aclose()  # type: ignore[attr-defined]

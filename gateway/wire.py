@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import xxhash
 
@@ -72,6 +73,12 @@ class ErrorCode:
     INSUFFICIENT_STORAGE = "InsufficientStorage"
     SERVICE_UNAVAILABLE = "ServiceUnavailable"
     INTERNAL_ERROR = "InternalError"
+
+
+def encode_key(key: str) -> str:
+    """A key as one URL path segment, and as the ``X-Kvgw-Parent`` value: every reserved byte is
+    escaped (``/`` -> ``%2F``, ``@`` -> ``%40``), so a single percent-decoding gives the key back."""
+    return quote(key, safe="")
 
 
 def checksum(data: bytes | bytearray | memoryview) -> str:

@@ -3,7 +3,8 @@
 Shares only ``gateway.wire`` and ``gateway.keys`` with the server, so it installs without the server's
 dependencies (aiohttp and xxhash are all it needs).
 
-* ``http``: ``KvgwClient``, the one client of the native chunk API (pool, retries, circuit, quiet mode).
+* ``http``: ``KvgwClient``, the one client of the native chunk API (pool, quiet mode); ``policy``: its
+  retries, circuit and error translation; ``blocking``: its calls for plain threads.
 * ``prefetch``: ``Prefetcher``, the bounded CPU staging buffer fed by prefix + batch-get.
 * ``framing``: ``BatchReader``, batch-get frames copied straight into caller buffers.
 * ``lmcache_connector``: ``KvgwConnector`` for LMCache's ``remote_storage_plugins`` (imports lmcache).

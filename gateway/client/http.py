@@ -1,5 +1,6 @@
 """The one client of kvgw's native chunk API, shared by the LMCache connector, the L2 adapter, the
-CPU staging prefetcher and ``kvgw bench``.
+CPU staging prefetcher and ``kvgw bench``. Its failure policy is in ``gateway.client.policy``, its
+calls for plain threads in ``gateway.client.blocking``.
 
 Why aiohttp: LMCache already depends on it (nothing new in the inference process), its C HTTP parser
 and streaming body reads carry multi-megabyte chunks with little overhead, and it accepts a streamed
@@ -12,18 +13,14 @@ I/O loop (one keep-alive pool, one health state); an awaiting caller's loop only
 and ``client.blocking`` blocks only the calling thread. Callbacks a caller passes (buffer providers,
 ``on_item``) run on the I/O thread and must not block.
 
-Failure policy, in one place (``_attempts``/``_op``):
-
-* Every call is idempotent on this API (reads, and write-once PUTs whose retry answers "existed"),
-  so failed attempts are retried with jittered backoff when the error is ``retryable`` (connection,
-  timeout, 500/502/503/504, 429). A streamed body is never retried once bytes reached the caller.
-* Failures that say something about the gateway (``trips``) feed the ``Circuit``: after N in a row
-  calls fail fast with CircuitOpen and a background probe decides when to try again.
-* Every failure is counted and logged once per burst (``FailureLog``).
-* ``quiet=True`` turns any gateway-side failure into the call's neutral answer (no keys, no data,
-  ``PutOutcome.FAILED``, LOST items) instead of an exception. Programming errors still raise.
-* Data is never handed out unverified: size against Content-Length or the frame length, and xxh3-64
-  against X-Kvgw-Checksum or the frame checksum.
+Failure policy (``CallPolicy``): retryable failures (connection, timeout, 500/502/503/504, 429) are
+retried with jittered backoff, a streamed body never once bytes reached the caller; failures that
+say something about the gateway open a circuit after N in a row, then a probe decides when to try
+again; every failure is counted and logged once per burst. ``quiet=True`` turns any gateway-side
+failure into the call's neutral answer (no keys, no data, ``PutOutcome.FAILED``, LOST items) instead
+of an exception; programming errors still raise. A malformed answer (JSON of the wrong shape, bad
+framing) is a failure like any other. Data is never handed out unverified: size against
+Content-Length or the frame length, and xxh3-64 against X-Kvgw-Checksum or the frame checksum.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -47,14 +44,13 @@ from yarl import URL
 
 from gateway import keys as keyrules
 from gateway import wire
+from gateway.client.blocking import BlockingClient
 from gateway.client.config import ClientSettings
 from gateway.client.errors import (
-    CircuitOpen,
     ClientClosed,
     KvgwClientError,
     ProtocolError,
     Rejected,
-    ServerError,
     Unavailable,
 )
 from gateway.client.framing import (
@@ -66,8 +62,10 @@ from gateway.client.framing import (
     byte_view,
     destination_views,
 )
-from gateway.client.health import Circuit, CircuitState, Counters, FailureLog
+from gateway.client.health import CircuitState, Counters
 from gateway.client.loop import IoLoop
+from gateway.client.policy import CallPolicy, error_from, translate
+from gateway.wire import encode_key as encode_key
 
 T = TypeVar("T")
 
@@ -78,7 +76,6 @@ Payload = Buffer | Sequence[Buffer]
 """A chunk body: one buffer, or several sent back to back (LMCache's metadata header and tensor)."""
 
 _WRITE_SLICE = 1 << 20
-_ERROR_BODY_LIMIT = 64 << 10
 _BRIDGE_DEPTH = 4
 
 
@@ -86,11 +83,6 @@ class PutOutcome(enum.StrEnum):
     STORED = "stored"  # 201: this write created the chunk
     EXISTED = "existed"  # 200 + X-Kvgw-Existed: the key was already stored (first write wins)
     FAILED = "failed"  # only with quiet=True: the write did not happen or its fate is unknown
-
-
-def encode_key(key: str) -> str:
-    """A key as one URL path segment (and as the X-Kvgw-Parent value): every reserved byte escaped."""
-    return quote(key, safe="")
 
 
 def _check_key(key: str) -> None:
@@ -149,14 +141,13 @@ class KvgwClient:
         self.settings = settings
         self._io = io if io is not None else IoLoop()
         self._owns_io = io is None
-        self._log = logger or log
-        self._rand = rand
-        self._circuit = Circuit(settings.health, clock)
-        self._failures = FailureLog(self._log, f"kvgw {settings.url} bucket {settings.bucket}", clock)
         self.counters = Counters()
+        self._policy = CallPolicy(
+            settings, logger or log, self.counters, probe=self._probe_once, is_closed=lambda: self._closed,
+            clock=clock, rand=rand,
+        )
         self._session: aiohttp.ClientSession | None = None
         self._write_gate: asyncio.Semaphore | None = None
-        self._probe: asyncio.Task[None] | None = None
         self._closed = False
         base = settings.url.rstrip("/")
         self._probe_url = URL(base + settings.health.probe_path, encoded=True)
@@ -174,7 +165,7 @@ class KvgwClient:
 
     @property
     def health(self) -> CircuitState:
-        return self._circuit.state
+        return self._policy.circuit.state
 
     @property
     def closed(self) -> bool:
@@ -183,10 +174,10 @@ class KvgwClient:
     def stats(self) -> dict[str, object]:
         """Counters (calls, retries, bytes, item statuses), failures by ``op.kind``, circuit state."""
         return {
-            "circuit": str(self._circuit.state),
-            "circuit_opened": self._circuit.opened,
+            "circuit": str(self._policy.circuit.state),
+            "circuit_opened": self._policy.circuit.opened,
             "counters": self.counters.snapshot(),
-            "failures": self._failures.counts(),
+            "failures": self._policy.failures.counts(),
         }
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> cf.Future[T]:
@@ -201,7 +192,9 @@ class KvgwClient:
         if not keys:
             return []
         return await self._io.run(
-            self._op("exists", lambda: self._exists(keys), quiet=quiet, fallback=[False] * len(keys), deadline=timeout)
+            self._policy.op(
+                "exists", lambda: self._exists(keys), quiet=quiet, fallback=[False] * len(keys), deadline=timeout
+            )
         )
 
     async def prefix(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
@@ -210,7 +203,7 @@ class KvgwClient:
         if not keys:
             return 0
         return await self._io.run(
-            self._op("prefix", lambda: self._prefix(keys), quiet=quiet, fallback=0, deadline=timeout)
+            self._policy.op("prefix", lambda: self._prefix(keys), quiet=quiet, fallback=0, deadline=timeout)
         )
 
     async def put(
@@ -225,7 +218,7 @@ class KvgwClient:
     ) -> PutOutcome:
         """Store a chunk (write-once). ``data`` is read until this returns, and not after."""
         return await self._io.run(
-            self._op(
+            self._policy.op(
                 "put", lambda: self._put(key, data, parent, ttl), quiet=quiet, fallback=PutOutcome.FAILED,
                 deadline=timeout,
             )
@@ -234,7 +227,7 @@ class KvgwClient:
     async def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
         """A chunk's verified bytes, or None if absent (quiet: also on failure)."""
         item = await self._io.run(
-            self._op("get", lambda: self._get(key, None), quiet=quiet, fallback=None, deadline=timeout)
+            self._policy.op("get", lambda: self._get(key, None), quiet=quiet, fallback=None, deadline=timeout)
         )
         return item.data if item is not None and item.ok else None
 
@@ -244,14 +237,14 @@ class KvgwClient:
         """Copy a chunk straight into ``into(0, length)``. OK, MISSING or REFUSED; quiet: LOST on failure
         (then the buffer, if one was handed out, holds garbage)."""
         item = await self._io.run(
-            self._op("get", lambda: self._get(key, into), quiet=quiet, fallback=None, deadline=timeout)
+            self._policy.op("get", lambda: self._get(key, into), quiet=quiet, fallback=None, deadline=timeout)
         )
         return ItemStatus.LOST if item is None else item.status
 
     async def delete(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bool:
         """Delete a chunk (root credentials only); False if it was absent (quiet: or on failure)."""
         return await self._io.run(
-            self._op("delete", lambda: self._delete(key), quiet=quiet, fallback=False, deadline=timeout)
+            self._policy.op("delete", lambda: self._delete(key), quiet=quiet, fallback=False, deadline=timeout)
         )
 
     async def ping(self) -> bool:
@@ -358,11 +351,14 @@ class KvgwClient:
             _check_key(key)
         out: list[bool] = []
         for _, part in _batches(keys, self.settings.max_keys_per_call):
-            doc = await self._post_json("exists", "exists", part)
-            found = doc.get("exists") if isinstance(doc, dict) else None
-            if not isinstance(found, list) or len(found) != len(part) or not all(isinstance(b, bool) for b in found):
-                raise ProtocolError(f"exists: expected {len(part)} booleans, got {str(doc)[:200]}")
-            out.extend(found)
+
+            def found(doc: object, n: int = len(part)) -> list[bool]:
+                value = doc.get("exists") if isinstance(doc, dict) else None
+                if not isinstance(value, list) or len(value) != n or not all(isinstance(b, bool) for b in value):
+                    raise ProtocolError(f"exists: expected {n} booleans, got {str(doc)[:200]}")
+                return value
+
+            out.extend(await self._post_json("exists", "exists", part, found))
         return out
 
     async def _prefix(self, keys: list[str]) -> int:
@@ -370,33 +366,40 @@ class KvgwClient:
             _check_key(key)
         total = 0
         for _, part in _batches(keys, self.settings.max_keys_per_call):
-            doc = await self._post_json("prefix", "prefix", part)
-            length = doc.get("length") if isinstance(doc, dict) else None
-            if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= len(part):
-                raise ProtocolError(f"prefix: expected a length in 0..{len(part)}, got {str(doc)[:200]}")
+
+            def length_of(doc: object, n: int = len(part)) -> int:
+                value = doc.get("length") if isinstance(doc, dict) else None
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n:
+                    raise ProtocolError(f"prefix: expected a length in 0..{n}, got {str(doc)[:200]}")
+                return value
+
+            length = await self._post_json("prefix", "prefix", part, length_of)
             total += length
             if length < len(part):
                 break
         return total
 
-    async def _post_json(self, op: str, endpoint: str, keys: list[str]) -> object:
+    async def _post_json(self, op: str, endpoint: str, keys: list[str], parse: Callable[[object], T]) -> T:
+        """POST ``{"keys": keys}``; ``parse`` checks the answer's shape inside the attempt, so a malformed
+        answer is counted, logged and trips the circuit like any other failure."""
         url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
 
-        async def attempt() -> object:
+        async def attempt() -> T:
             async with (
-                self._translate(op),
+                translate(op),
                 asyncio.timeout(self.settings.timeouts.control),
                 self._http().post(url, json={"keys": keys}) as resp,
             ):
                 if resp.status != 200:
-                    raise await self._error_from(resp)
+                    raise await error_from(resp)
                 raw = await resp.read()
             try:
-                return json.loads(raw)
+                doc = json.loads(raw)
             except ValueError as exc:
                 raise ProtocolError(f"{op}: response is not JSON") from exc
+            return parse(doc)
 
-        return await self._attempts(op, attempt)
+        return await self._policy.attempts(op, attempt)
 
     async def _put(self, key: str, data: Payload, parent: str | None, ttl: int | None) -> PutOutcome:
         _check_key(key)
@@ -422,7 +425,7 @@ class KvgwClient:
         async def attempt() -> PutOutcome:
             async with (
                 self._writer_slot(),
-                self._translate("put"),
+                translate("put"),
                 _maybe_timeout(self.settings.timeouts.transfer),
                 self._http().put(url, data=_slices(views), headers=headers) as resp,
             ):
@@ -431,9 +434,9 @@ class KvgwClient:
                 if resp.status == 200:
                     existed = resp.headers.get(wire.H_EXISTED, "").lower() == "true"
                     return PutOutcome.EXISTED if existed else PutOutcome.STORED
-                raise await self._error_from(resp)
+                raise await error_from(resp)
 
-        outcome = await self._attempts("put", attempt)
+        outcome = await self._policy.attempts("put", attempt)
         self.counters.add("put.bytes", length)
         self.counters.add(f"put.{outcome}")
         return outcome
@@ -454,17 +457,17 @@ class KvgwClient:
         async def transfer() -> BatchItem:
             nonlocal handed_out
             async with (
-                self._translate("get"),
+                translate("get"),
                 _maybe_timeout(self.settings.timeouts.transfer),
                 self._http().get(url) as resp,
             ):
                 if resp.status == 404:
-                    err = await self._error_from(resp)
+                    err = await error_from(resp)
                     if isinstance(err, Rejected) and err.code == wire.ErrorCode.NO_SUCH_CHUNK:
                         return BatchItem(0, ItemStatus.MISSING)
                     raise err
                 if resp.status != 200:
-                    raise await self._error_from(resp)
+                    raise await error_from(resp)
                 length, expected = self._chunk_headers(resp)
                 data: bytearray | None = None
                 if into is None:
@@ -490,7 +493,7 @@ class KvgwClient:
                 self.counters.add("get.bytes", length)
                 return BatchItem(0, ItemStatus.OK, length, data)
 
-        return await self._attempts("get", attempt)
+        return await self._policy.attempts("get", attempt)
 
     def _chunk_headers(self, resp: aiohttp.ClientResponse) -> tuple[int, int | None]:
         raw_length = resp.headers.get("Content-Length")
@@ -517,18 +520,18 @@ class KvgwClient:
 
         async def attempt() -> bool:
             async with (
-                self._translate("delete"),
+                translate("delete"),
                 asyncio.timeout(self.settings.timeouts.control),
                 self._http().delete(url) as resp,
             ):
                 if resp.status in (200, 204):
                     return True
-                err = await self._error_from(resp)
+                err = await error_from(resp)
                 if resp.status == 404 and isinstance(err, Rejected) and err.code == wire.ErrorCode.NO_SUCH_CHUNK:
                     return False
                 raise err
 
-        return await self._attempts("delete", attempt)
+        return await self._policy.attempts("delete", attempt)
 
     async def _batch_into(
         self,
@@ -555,7 +558,7 @@ class KvgwClient:
                 _check_key(key)
         except KvgwClientError as exc:
             error = exc
-            self._note_failure("batch_get", exc)
+            self._policy.note_failure("batch_get", exc)
         for offset, part in _batches(keys, self.settings.max_keys_per_call):
             if error is not None:
                 for i in range(len(part)):
@@ -567,7 +570,7 @@ class KvgwClient:
                 else:
                     self.counters.add(f"batch_get.{item.status}")
                     if item.status is ItemStatus.CORRUPT:
-                        self._failures.failure("batch_get", "corrupt", f"frame {item.index}: checksum mismatch")
+                        self._policy.failures.failure("batch_get", "corrupt", f"frame {item.index}: checksum mismatch")
                     yield item
         if error is not None and not quiet:
             raise error
@@ -580,11 +583,11 @@ class KvgwClient:
         url = URL(f"{self._bucket_url}/batch-get", encoded=True)
 
         async def open_stream() -> aiohttp.ClientResponse:
-            async with self._translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
+            async with translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
                 resp = await self._http().post(url, json={"keys": keys})
                 try:
                     if resp.status != 200:
-                        raise await self._error_from(resp)
+                        raise await error_from(resp)
                     if resp.content_type != wire.BATCH_CONTENT_TYPE:
                         raise ProtocolError(f"batch_get: unexpected content type {resp.content_type!r}")
                 except BaseException:
@@ -594,12 +597,12 @@ class KvgwClient:
 
         failure: KvgwClientError | None = None
         try:
-            resp = await self._attempts("batch_get", open_stream)
+            resp = await self._policy.attempts("batch_get", open_stream)
         except KvgwClientError as exc:
             failure = exc
         else:
             try:
-                async with self._translate("batch_get"):
+                async with translate("batch_get"):
                     try:
                         async for chunk in resp.content.iter_any():
                             for item in reader.feed(chunk):
@@ -617,7 +620,7 @@ class KvgwClient:
                     raise Unavailable("batch_get: stream ended before its trailer")
             except KvgwClientError as exc:
                 failure = exc
-                self._note_failure("batch_get", exc)
+                self._policy.note_failure("batch_get", exc)
             self.counters.add("batch_get.bytes", reader.bytes_received)
         for item in reader.close():
             yield BatchItem(offset + item.index, item.status)
@@ -626,9 +629,8 @@ class KvgwClient:
 
     async def _ping(self) -> bool:
         ok = await self._probe_once()
-        if ok and self._circuit.state is not CircuitState.CLOSED:
-            self._circuit.on_success()
-            self._failures.success()
+        if ok:
+            self._policy.recovered()
         return ok
 
     async def _probe_once(self) -> bool:
@@ -640,125 +642,11 @@ class KvgwClient:
         except (aiohttp.ClientError, OSError, TimeoutError, KvgwClientError):
             return False
 
-    async def _probe_loop(self) -> None:
-        try:
-            while not self._closed and self._circuit.state is not CircuitState.CLOSED:
-                await asyncio.sleep(max(0.0, self._circuit.retry_in()))
-                if not self._circuit.begin_probe():
-                    continue
-                ok = await self._probe_once()
-                self._circuit.end_probe(ok)
-                self.counters.add("probe.ok" if ok else "probe.failed")
-                if ok:
-                    self._failures.success()
-        finally:
-            self._probe = None
-
     async def _shutdown(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
+        self._policy.stop_probing()
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    # ------------------------------------------------------------------ policy
-
-    async def _op(
-        self, op: str, body: Callable[[], Awaitable[T]], *, quiet: bool, fallback: T, deadline: float | None
-    ) -> T:
-        """One public operation: the caller's deadline over all attempts, and ``quiet``."""
-        self.counters.add(f"{op}.calls")
-        try:
-            if deadline is None:
-                return await body()
-            async with asyncio.timeout(deadline):
-                return await body()
-        except TimeoutError as exc:
-            err = Unavailable(f"{op}: no answer within {deadline}s", timeout=True)
-            self._note_failure(op, err)
-            if quiet:
-                return fallback
-            raise err from exc
-        except KvgwClientError:
-            if quiet:
-                return fallback
-            raise
-
-    async def _attempts(self, op: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """Retries, circuit and accounting around one request; a final failure is noted and raised."""
-        retry = 0
-        while True:
-            if self._closed:
-                raise ClientClosed()
-            if not self._circuit.allow():
-                err: KvgwClientError = CircuitOpen(self._circuit.retry_in())
-                self._note_failure(op, err)
-                raise err
-            try:
-                result = await attempt()
-            except KvgwClientError as exc:
-                if exc.retryable and retry + 1 < self.settings.retry.attempts:
-                    self._trip(exc)
-                    if self._circuit.allow():
-                        self.counters.add(f"{op}.retries")
-                        await asyncio.sleep(self.settings.retry.delay(retry, self._rand()))
-                        retry += 1
-                        continue
-                    self._failures.failure(op, exc.kind, str(exc))
-                    raise
-                self._note_failure(op, exc)
-                raise
-            self._circuit.on_success()
-            self._failures.success()
-            return result
-
-    def _note_failure(self, op: str, err: KvgwClientError) -> None:
-        self._trip(err)
-        self._failures.failure(op, err.kind, str(err))
-
-    def _trip(self, err: KvgwClientError) -> None:
-        if not err.trips:
-            return
-        if self._circuit.on_failure():
-            self._log.warning(
-                "kvgw %s: %d consecutive failures; failing fast, next probe in %.1fs",
-                self.settings.url, self._circuit.consecutive_failures, self._circuit.retry_in(),
-            )
-            if self._probe is None and not self._closed:
-                self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
-
-    @contextlib.asynccontextmanager
-    async def _translate(self, what: str) -> AsyncIterator[None]:
-        """The one boundary where aiohttp/asyncio/OS errors become client errors (most specific first)."""
-        try:
-            yield
-        except KvgwClientError:
-            raise
-        except TimeoutError as exc:  # includes aiohttp.ServerTimeoutError and asyncio.timeout()
-            raise Unavailable(f"{what}: timed out", timeout=True) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise Unavailable(f"{what}: cannot connect: {exc}") from exc
-        except aiohttp.ClientPayloadError as exc:
-            raise Unavailable(f"{what}: response cut short: {exc}") from exc
-        except aiohttp.ClientResponseError as exc:
-            raise ProtocolError(f"{what}: malformed response: {exc}") from exc
-        except aiohttp.ClientError as exc:
-            raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-        except OSError as exc:
-            raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-    async def _error_from(self, resp: aiohttp.ClientResponse) -> KvgwClientError:
-        code, message = "HTTP", resp.reason or ""
-        request_id = resp.headers.get(wire.H_REQUEST_ID)
-        with contextlib.suppress(Exception):
-            doc = json.loads(await resp.content.read(_ERROR_BODY_LIMIT))
-            err = doc["error"]
-            code = str(err.get("code") or code)
-            message = str(err.get("message") or message)
-            request_id = str(err.get("request_id") or request_id or "") or None
-        if resp.status >= 500:
-            return ServerError(resp.status, code, message, request_id)
-        return Rejected(resp.status, code, message, request_id)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -782,50 +670,3 @@ class KvgwClient:
             self._write_gate = asyncio.Semaphore(self.settings.write_concurrency)
         async with self._write_gate:
             yield
-
-
-class BlockingClient:
-    """The client's calls for plain threads: each blocks the calling thread, never an event loop.
-
-    Calling these from a thread that runs an event loop raises RuntimeError.
-    """
-
-    def __init__(self, client: KvgwClient) -> None:
-        self._c = client
-
-    def exists(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> list[bool]:
-        return self._c.io.call(self._c.exists(keys, quiet=quiet, timeout=timeout))
-
-    def prefix(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
-        return self._c.io.call(self._c.prefix(keys, quiet=quiet, timeout=timeout))
-
-    def put(
-        self,
-        key: str,
-        data: Payload,
-        *,
-        parent: str | None = None,
-        ttl: int | None = None,
-        quiet: bool = False,
-        timeout: float | None = None,
-    ) -> PutOutcome:
-        return self._c.io.call(self._c.put(key, data, parent=parent, ttl=ttl, quiet=quiet, timeout=timeout))
-
-    def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
-        return self._c.io.call(self._c.get(key, quiet=quiet, timeout=timeout))
-
-    def delete(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bool:
-        return self._c.io.call(self._c.delete(key, quiet=quiet, timeout=timeout))
-
-    def ping(self) -> bool:
-        return self._c.io.call(self._c.ping())
-
-    def batch_get_into(
-        self,
-        keys: Sequence[str],
-        into: BufferProvider,
-        *,
-        on_item: Callable[[BatchItem], None] | None = None,
-        quiet: bool = False,
-    ) -> list[ItemStatus]:
-        return self._c.io.call(self._c.batch_get_into(keys, into, on_item=on_item, quiet=quiet))

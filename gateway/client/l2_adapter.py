@@ -49,7 +49,7 @@ from gateway.client.errors import ClientClosed
 from gateway.client.framing import ItemStatus, byte_view
 from gateway.client.health import CircuitState
 from gateway.client.http import KvgwClient, PutOutcome
-from gateway.client.prefetch import Prefetcher
+from gateway.client.prefetch import BytesSink, Prefetcher
 
 logger = init_logger(__name__)
 
@@ -116,7 +116,9 @@ class KvgwNativeClient:
         self.settings = settings
         self._ttl = ttl if ttl > 0 else None
         self._client = KvgwClient(settings, logger=logger)
-        self._prefetcher = Prefetcher(self._client, prefetch_bytes) if prefetch_bytes > 0 else None
+        self._prefetcher: Prefetcher[bytearray] | None = (
+            Prefetcher(self._client, prefetch_bytes, BytesSink()) if prefetch_bytes > 0 else None
+        )
         self._parents = ParentMap(same_chain=same_chain)
         self._efd = _EventFd()
         self._lock = threading.Lock()

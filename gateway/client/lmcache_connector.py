@@ -59,7 +59,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from gateway.client.chains import ParentMap
 from gateway.client.config import ClientSettings, SettingsReader, credentials_from_env, read_client_settings
-from gateway.client.framing import BatchItem, Destination, ItemStatus, byte_view
+from gateway.client.framing import BatchItem, Destination, byte_view
 from gateway.client.http import KvgwClient, Payload, PutOutcome
 from gateway.client.prefetch import Prefetcher
 
@@ -119,77 +119,74 @@ def _is_health_probe_key(key: CacheEngineKey) -> bool:
     return bool(key.model_name == "test" and key.world_size == 1 and key.worker_id == 0 and key.chunk_hash == 0)
 
 
-def _scatter(src: memoryview, dest: Destination) -> None:
-    views = [dest] if isinstance(dest, memoryview) else list(dest)
-    offset = 0
-    for view in views:
-        flat = byte_view(view, writable=True)
-        flat[:] = src[offset : offset + len(flat)]
-        offset += len(flat)
+class _Landing:
+    """One chunk on its way into LMCache memory: a full-size MemoryObj (plus the RemoteMetadata header
+    the chunk arrives with), or a temporary buffer for a partial chunk whose header gives its shape.
+    After ``seal`` only ``obj`` is left: the MemoryObj LMCache gets. Whoever holds a landing either hands
+    ``obj`` on or calls ``release``."""
+
+    __slots__ = ("meta", "obj", "temp")
+
+    def __init__(self, obj: MemoryObj | None = None, meta: bytearray | None = None,
+                 temp: bytearray | None = None) -> None:
+        self.obj = obj
+        self.meta = meta
+        self.temp = temp
+
+    def release(self) -> None:
+        obj, self.obj = self.obj, None
+        if obj is not None:
+            obj.ref_count_down()
+
+
+class _LandingSink:
+    """The prefetcher's sink: staged chunks land straight in LMCache MemoryObjs (zero-copy hits)."""
+
+    def __init__(self, conn: KvgwConnector) -> None:
+        self._c = conn
+
+    def open(self, key: str, length: int) -> tuple[Destination, _Landing] | None:
+        return self._c.open_landing(length)
+
+    def seal(self, handle: _Landing, length: int) -> bool:
+        return self._c.seal_landing(handle, length)
+
+    def drop(self, handle: _Landing) -> None:
+        handle.release()
 
 
 class _Receiver:
-    """Turns payloads into LMCache MemoryObjs. ``into``/``on_item`` run on the client's I/O thread.
-
-    Every MemoryObj it allocates ends either in ``results`` (handed to LMCache by ``take``) or freed.
-    """
+    """Direct (unstaged) fetches of a list of chunks into MemoryObjs; ``into``/``on_item`` run on the
+    client's I/O thread. Every MemoryObj it allocates is either taken by ``take`` or freed."""
 
     def __init__(self, conn: KvgwConnector, count: int) -> None:
         self._c = conn
-        self._objs: list[MemoryObj | None] = [None] * count
-        self._meta: dict[int, bytearray] = {}
-        self._temp: dict[int, bytearray] = {}
-        self._results: list[MemoryObj | None] = [None] * count
+        self._landings: list[_Landing | None] = [None] * count
 
     def into(self, index: int, length: int) -> Destination | None:
-        c = self._c
-        meta_bytes, full = c.meta_bytes, c.full_chunk_size_bytes
-        if meta_bytes:
-            if length == meta_bytes + full:
-                obj = c.allocate()
-                if obj is None:
-                    return None
-                self._objs[index] = obj
-                meta = self._meta[index] = bytearray(meta_bytes)
-                return [memoryview(meta), byte_view(obj.byte_array, writable=True)]
-            if meta_bytes < length < meta_bytes + full:  # a partial chunk: its metadata says its shape
-                buf = self._temp[index] = bytearray(length)
-                return memoryview(buf)
-        elif 0 < length <= full and length % c.single_token_size == 0:
-            obj = c.allocate()
-            if obj is None:
-                return None
-            self._objs[index] = obj
-            return byte_view(obj.byte_array, writable=True)[:length]
-        c.count("bad_size")
-        return None
+        opened = self._c.open_landing(length)
+        if opened is None:
+            return None
+        dest, self._landings[index] = opened
+        return dest
 
     def on_item(self, item: BatchItem) -> None:
-        i = item.index
-        obj, self._objs[i] = self._objs[i], None
-        meta, temp = self._meta.pop(i, None), self._temp.pop(i, None)
-        if not item.ok:
-            if obj is not None:
-                obj.ref_count_down()
+        landing = self._landings[item.index]
+        if landing is None:
             return
-        try:
-            self._results[i] = self._c.finish(obj, meta, temp, item.length)
-        except Exception as exc:  # LMCache-side surprise: never let it escape into the I/O loop
-            self._c.count("finish_error")
-            logger.warning("kvgw: could not rebuild a chunk: %s", exc)
-            if obj is not None:
-                obj.ref_count_down()
+        if not item.ok or not self._c.seal_landing(landing, item.length):
+            landing.release()
+            self._landings[item.index] = None
 
     def take(self, index: int) -> MemoryObj | None:
-        obj, self._results[index] = self._results[index], None
-        return obj
+        landing, self._landings[index] = self._landings[index], None
+        return None if landing is None else landing.obj
 
     def release(self) -> None:
-        for objs in (self._objs, self._results):
-            for i, obj in enumerate(objs):
-                if obj is not None:
-                    obj.ref_count_down()
-                    objs[i] = None
+        for i, landing in enumerate(self._landings):
+            if landing is not None:
+                landing.release()
+                self._landings[i] = None
 
 
 class KvgwConnector(RemoteConnector):  # type: ignore[misc]
@@ -207,8 +204,10 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         self.local_cpu_backend = local_cpu_backend
         self.meta_bytes: int = self.remote_metadata_bytes if self.save_chunk_meta else 0
         self._client = KvgwClient(self.settings.client, logger=logger)
-        self._prefetcher = (
-            Prefetcher(self._client, self.settings.prefetch_bytes) if self.settings.prefetch_bytes > 0 else None
+        self._prefetcher: Prefetcher[_Landing] | None = (
+            Prefetcher(self._client, self.settings.prefetch_bytes, _LandingSink(self))
+            if self.settings.prefetch_bytes > 0
+            else None
         )
         self._parents = ParentMap(self.settings.parent_map_size)
         self._probe_key: str | None = None
@@ -225,7 +224,7 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         return self._client
 
     @property
-    def prefetcher(self) -> Prefetcher | None:
+    def prefetcher(self) -> Prefetcher[_Landing] | None:
         return self._prefetcher
 
     def stats(self) -> dict[str, object]:
@@ -246,10 +245,51 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
             self.count("alloc_failed")
         return obj
 
-    def finish(
+    @property
+    def chunk_bytes(self) -> int:
+        """Size of a full chunk as stored in kvgw."""
+        return self.meta_bytes + int(self.full_chunk_size_bytes)
+
+    def open_landing(self, length: int) -> tuple[Destination, _Landing] | None:
+        """Where a ``length``-byte chunk payload goes: a full chunk straight into a new MemoryObj (its
+        metadata header into a small buffer), a partial one into a temporary buffer. None refuses the
+        payload: a size no chunk of this model can have, or LMCache's pool has no memory right now."""
+        meta_bytes, full = self.meta_bytes, self.full_chunk_size_bytes
+        if meta_bytes:
+            if length == meta_bytes + full:
+                obj = self.allocate()
+                if obj is None:
+                    return None
+                landing = _Landing(obj, meta=bytearray(meta_bytes))
+                assert landing.meta is not None
+                return [memoryview(landing.meta), byte_view(obj.byte_array, writable=True)], landing
+            if meta_bytes < length < meta_bytes + full:
+                landing = _Landing(temp=bytearray(length))
+                assert landing.temp is not None
+                return memoryview(landing.temp), landing
+        elif 0 < length <= full and length % self.single_token_size == 0:
+            obj = self.allocate()
+            if obj is None:
+                return None
+            return byte_view(obj.byte_array, writable=True)[:length], _Landing(obj)
+        self.count("bad_size")
+        return None
+
+    def seal_landing(self, landing: _Landing, length: int) -> bool:
+        """Check a received chunk against its metadata and leave in ``landing.obj`` the MemoryObj LMCache
+        gets; False (and nothing held) when the chunk does not fit this model."""
+        try:
+            landing.obj = self._finish(landing.obj, landing.meta, landing.temp, length)
+        except Exception as exc:  # LMCache-side surprise: never let it escape into the I/O loop
+            self.count("finish_error")
+            logger.warning("kvgw: could not rebuild a chunk: %s", exc)
+            landing.release()
+        landing.meta = landing.temp = None
+        return landing.obj is not None
+
+    def _finish(
         self, obj: MemoryObj | None, meta: bytearray | None, temp: bytearray | None, length: int
     ) -> MemoryObj | None:
-        """Check a received chunk against its metadata and return the MemoryObj LMCache gets."""
         if self.meta_bytes == 0:
             assert obj is not None
             return obj if length == self.full_chunk_size_bytes else self.reshape_partial_chunk(obj, length)
@@ -321,7 +361,7 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
 
     def _staged_lookup(self, names: list[str], present: int) -> None:
         if self._prefetcher is not None and present > 0:
-            self._prefetcher.stage(names, present=present)
+            self._prefetcher.stage(names, present=present, expected_size=self.chunk_bytes)
 
     # ------------------------------------------------------------------ lookups
 
@@ -376,6 +416,14 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         if not keys:
             return []
         names = [self._key(k) for k in keys]
+        if self._prefetcher is not None:  # every chunk staged already: hand them over right here
+            landings = self._prefetcher.take_ready(names)
+            if landings is not None:
+                objs: list[MemoryObj | None] = []
+                for landing in landings:
+                    objs.append(landing.obj)
+                    landing.obj = None
+                return objs
         return await self._on_io(self._fetch(names), _release_all)
 
     def support_batched_get_non_blocking(self) -> bool:
@@ -392,56 +440,48 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         return prefix
 
     async def _fetch(self, names: list[str]) -> list[MemoryObj | None]:
-        """On the I/O loop: staged chunks from memory, the rest with one batch-get into MemoryObjs."""
+        """On the I/O loop: staged chunks from memory (waiting for ones in flight) and, at the same time,
+        the rest with one batch-get into new MemoryObjs; staged fetches that failed get one more try."""
         results: list[MemoryObj | None] = [None] * len(names)
         prefetcher = self._prefetcher
         staged = [i for i, n in enumerate(names) if prefetcher is not None and prefetcher.tracks(n)]
         staged_set = set(staged)
         wanted = [i for i in range(len(names)) if i not in staged_set]
-        receiver = _Receiver(self, len(wanted))
-        try:
-            if wanted:
+
+        async def direct(indices: list[int]) -> None:
+            if not indices:
+                return
+            receiver = _Receiver(self, len(indices))
+            try:
                 await self._client.batch_get_into(
-                    [names[i] for i in wanted], receiver.into, on_item=receiver.on_item, quiet=True
+                    [names[i] for i in indices], receiver.into, on_item=receiver.on_item, quiet=True
                 )
-                for j, i in enumerate(wanted):
+                for j, i in enumerate(indices):
                     results[i] = receiver.take(j)
-            retry: list[int] = []
+            finally:
+                receiver.release()
+
+        async def from_memory() -> list[int]:
+            failed: list[int] = []
             for i in staged:
-                assert self._prefetcher is not None
-                data = await self._prefetcher.get(names[i])
-                if data is None:
-                    retry.append(i)
+                assert prefetcher is not None
+                landing = await prefetcher.get(names[i])
+                if landing is None:
+                    failed.append(i)
                 else:
-                    results[i] = self._from_bytes(data)
-            if retry:  # staged fetches that failed: one more try, straight to MemoryObjs
-                again = _Receiver(self, len(retry))
-                try:
-                    await self._client.batch_get_into(
-                        [names[i] for i in retry], again.into, on_item=again.on_item, quiet=True
-                    )
-                    for j, i in enumerate(retry):
-                        results[i] = again.take(j)
-                finally:
-                    again.release()
+                    results[i], landing.obj = landing.obj, None  # the staged MemoryObj itself: no copy
+            return failed
+
+        try:
+            _, retry = await asyncio.gather(direct(wanted), from_memory())
+            await direct(retry)
         except BaseException:
             _release_all(results)
             raise
-        finally:
-            receiver.release()
         misses = sum(1 for r in results if r is None)
         if misses:
             self._client.counters.add("lmcache.get_none", misses)
         return results
-
-    def _from_bytes(self, data: bytearray) -> MemoryObj | None:
-        receiver = _Receiver(self, 1)
-        dest = receiver.into(0, len(data))
-        if dest is None:
-            return None
-        _scatter(memoryview(data), dest)
-        receiver.on_item(BatchItem(0, ItemStatus.OK, len(data)))
-        return receiver.take(0)
 
     # ------------------------------------------------------------------ stores
 

@@ -1,17 +1,19 @@
-"""StagingBuffer (bounded LRU with reservations) and Prefetcher (stage, serve, never fetch twice)."""
+"""StagingBuffer (bounded LRU with reservations) and Prefetcher (stage, serve, never fetch twice),
+over an in-memory ChunkSource: pure logic. The prefetcher against a real gateway and LMCache is in
+``tests/integration/lmcache/test_connector.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import pytest
 
-from gateway.client.framing import BatchItem, BufferProvider, ItemStatus, destination_views
-from gateway.client.prefetch import Prefetcher, StagingBuffer
+from gateway.client.framing import BatchItem, BufferProvider, Destination, ItemStatus, destination_views
+from gateway.client.prefetch import BytesSink, Prefetcher, StagingBuffer
 
 T = TypeVar("T")
 
@@ -20,43 +22,66 @@ T = TypeVar("T")
 
 
 def test_reserve_commit_take() -> None:
-    buf = StagingBuffer(100)
+    buf: StagingBuffer[bytearray] = StagingBuffer(100)
     assert buf.reserve("a", 40, group=1) == []
     assert not buf.is_ready("a") and buf.take("a") is None and buf.used == 40
-    buf.commit("a", bytearray(40))
+    buf.commit("a", bytearray(40), 40)
     assert buf.is_ready("a")
-    assert buf.take("a") == bytearray(40) and buf.used == 0 and "a" not in buf
+    assert buf.take("a") == (40, bytearray(40)) and buf.used == 0 and "a" not in buf
 
 
 def test_lru_eviction_of_other_groups_only() -> None:
-    buf = StagingBuffer(100)
+    buf: StagingBuffer[bytearray] = StagingBuffer(100)
     for key in "abc":
         buf.reserve(key, 30, group=1)
-        buf.commit(key, bytearray(30))
+        buf.commit(key, bytearray(b"x" * 30), 30)
     assert buf.reserve("d", 30, group=1) is None  # would evict its own group: refused, nothing evicted
     assert buf.used == 90
-    assert buf.reserve("d", 30, group=2) == [("a", 30)]  # oldest first, just enough
+    assert buf.reserve("d", 30, group=2) == [("a", 30, bytearray(b"x" * 30))]  # oldest first, just enough
     assert buf.used == 90 and "a" not in buf
 
 
+def test_adopted_entries_are_protected_from_their_requests_reservations() -> None:
+    buf: StagingBuffer[bytearray] = StagingBuffer(100)
+    for key in "ab":
+        buf.reserve(key, 40, group=1)
+        buf.commit(key, bytearray(40), 40)
+    assert buf.adopt("a", 2) and not buf.adopt("zz", 2)
+    assert buf.room_for(2) == 20 + 40  # free space plus b, which request 2 does not want
+    assert [k for k, _, _ in buf.reserve("c", 50, group=2) or []] == ["b"]
+    assert buf.reserve("d", 50, group=2) is None  # only a is left, and request 2 wants it
+
+
+def test_resize_a_reservation() -> None:
+    buf: StagingBuffer[bytearray] = StagingBuffer(100)
+    buf.reserve("old", 50, group=1)
+    buf.commit("old", bytearray(50), 50)
+    buf.reserve("a", 30, group=2)
+    assert buf.resize("a", 20, group=2) == [] and buf.used == 70
+    assert buf.resize("a", 60, group=2) == [("old", 50, bytearray(50))] and buf.used == 60
+    assert buf.resize("a", 101, group=2) is None
+    with pytest.raises(KeyError):
+        buf.resize("a", 10, group=3)
+
+
 def test_reservations_are_never_evicted_and_limit_holds() -> None:
-    buf = StagingBuffer(100)
+    buf: StagingBuffer[bytearray] = StagingBuffer(100)
     buf.reserve("a", 60, group=1)  # in flight
     buf.reserve("b", 30, group=2)
-    buf.commit("b", bytearray(30))
+    buf.commit("b", bytearray(30), 30)
     assert buf.reserve("c", 50, group=3) is None
     assert buf.used == 90
     assert buf.reserve("big", 101, group=4) is None
     assert buf.release_reservation("a", group=9) is False  # someone else's
     assert buf.release_reservation("a", group=1) is True and buf.used == 30
-    assert buf.clear() == 30 and buf.used == 0
+    assert buf.clear() == (30, [bytearray(30)]) and buf.used == 0
 
 
 def test_commit_must_match_reservation() -> None:
-    buf = StagingBuffer(10)
+    buf: StagingBuffer[bytearray] = StagingBuffer(10)
     buf.reserve("a", 4, group=1)
     with pytest.raises(ValueError):
-        buf.commit("a", bytearray(5))
+        buf.commit("a", bytearray(5), 5)
     with pytest.raises(KeyError):
         buf.reserve("a", 4, group=1)
 
@@ -87,36 +112,49 @@ class FakeSource:
             n += 1
         return n
 
-    async def batch_get_into(
-        self, keys: Sequence[str], into: BufferProvider, *, on_item: Any = None, quiet: bool = False
-    ) -> list[ItemStatus]:
+    async def batch_get(
+        self, keys: Sequence[str], *, into: BufferProvider | None = None, quiet: bool = False
+    ) -> AsyncIterator[BatchItem]:
         if self.gate is not None:
             await self.gate.wait()
-        statuses = []
         for i, key in enumerate(keys):
             self.fetched[key] += 1
             data = self.chunks.get(key)
             if data is None:
-                item = BatchItem(i, ItemStatus.MISSING)
+                yield BatchItem(i, ItemStatus.MISSING)
             elif key in self.failing:
-                item = BatchItem(i, ItemStatus.FAILED)
+                yield BatchItem(i, ItemStatus.FAILED)
             else:
+                assert into is not None
                 dest = into(i, len(data))
                 if dest is None:
-                    item = BatchItem(i, ItemStatus.REFUSED, len(data))
+                    yield BatchItem(i, ItemStatus.REFUSED, len(data))
                 else:
                     destination_views(dest)[0][:] = data
-                    item = BatchItem(i, ItemStatus.OK, len(data))
-            if on_item is not None:
-                on_item(item)
-            statuses.append(item.status)
+                    yield BatchItem(i, ItemStatus.OK, len(data))
             await asyncio.sleep(0)
-        return statuses
 
-    async def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
-        self.direct_gets += 1
-        data = self.chunks.get(key)
-        return None if data is None else bytearray(data)
+
+class RecordingSink(BytesSink):
+    """Bytes, with a record of what was allocated and released (the LMCache sink frees MemoryObjs here)."""
+
+    def __init__(self, fail_open: bool = False) -> None:
+        self.opened: list[str] = []
+        self.dropped: list[bytes] = []
+        self.fail_open = fail_open
+
+    def open(self, key: str, length: int) -> tuple[Destination, bytearray] | None:  # type: ignore[override]
+        if self.fail_open:
+            return None
+        self.opened.append(key)
+        return super().open(key, length)
+
+    def drop(self, handle: bytearray) -> None:
+        self.dropped.append(bytes(handle))
+
+
+def make(source: FakeSource, limit: int) -> Prefetcher[bytearray]:
+    return Prefetcher(source, limit, BytesSink())
 
 
 async def settle() -> None:
@@ -126,7 +164,7 @@ async def settle() -> None:
 
 async def test_staged_chunks_are_served_from_memory() -> None:
     source = FakeSource({k: k.encode() * 10 for k in "abc"})
-    pre = Prefetcher(source, 1000)
+    pre = make(source, 1000)
     assert pre.stage(["a", "b", "c"]) == 3
     await settle()
     assert pre.tracks("a")
@@ -140,7 +178,7 @@ async def test_staged_chunks_are_served_from_memory() -> None:
 
 async def test_only_the_present_prefix_is_fetched() -> None:
     source = FakeSource({"a": b"1", "b": b"2", "d": b"4"})
-    pre = Prefetcher(source, 1000)
+    pre = make(source, 1000)
     pre.stage(["a", "b", "c", "d"])
     await settle()
     assert set(source.fetched) == {"a", "b"}
@@ -150,7 +188,7 @@ async def test_only_the_present_prefix_is_fetched() -> None:
 
 async def test_known_prefix_skips_the_lookup() -> None:
     source = FakeSource({"a": b"1", "b": b"2"})
-    pre = Prefetcher(source, 1000)
+    pre = make(source, 1000)
     pre.stage(["a", "b", "x"], present=2)
     await settle()
     assert source.prefix_calls == 0 and set(source.fetched) == {"a", "b"}
@@ -159,7 +197,7 @@ async def test_known_prefix_skips_the_lookup() -> None:
 async def test_a_key_in_flight_is_awaited_not_fetched_twice() -> None:
     source = FakeSource({"a": b"A" * 5, "b": b"B" * 5})
     source.gate = asyncio.Event()
-    pre = Prefetcher(source, 1000)
+    pre = make(source, 1000)
     pre.stage(["a", "b"])
     assert pre.stage(["a", "b"]) == 0  # already in flight
     waiter = asyncio.ensure_future(pre.get("a"))
@@ -175,7 +213,7 @@ async def test_a_key_in_flight_is_awaited_not_fetched_twice() -> None:
 async def test_a_cancelled_waiter_does_not_disturb_other_waiters() -> None:
     source = FakeSource({"a": b"A"})
     source.gate = asyncio.Event()
-    pre = Prefetcher(source, 1000)
+    pre = make(source, 1000)
     pre.stage(["a"])
     impatient = asyncio.ensure_future(pre.get("a"))
     patient = asyncio.ensure_future(pre.get("a"))
@@ -188,19 +226,18 @@ async def test_a_cancelled_waiter_does_not_disturb_other_waiters() -> None:
 async def test_failed_fetch_is_a_miss_and_frees_its_reservation() -> None:
     source = FakeSource({"a": b"A" * 50, "b": b"B" * 50})
     source.failing.add("a")
-    pre = Prefetcher(source, 1000)
+    pre = make(source, 1000)
     pre.stage(["a", "b"])
     await settle()
     assert await pre.get("a") is None
-    assert await pre.get("a", fallback=True) == b"A" * 50 and source.direct_gets == 1
     stats = pre.stats()
-    assert stats.misses == 2 and stats.staged_now == 50  # only b is staged
+    assert stats.misses == 1 and stats.staged_now == 50  # only b is staged
 
 
 async def test_memory_never_exceeds_the_limit_and_unused_bytes_are_counted() -> None:
     chunks = {f"k{i}": bytes([i]) * 100 for i in range(10)}
     source = FakeSource(chunks)
-    pre = Prefetcher(source, 250)
+    pre = make(source, 250)
     peaks: list[int] = []
     original = pre._provider
 
@@ -229,20 +266,81 @@ async def test_memory_never_exceeds_the_limit_and_unused_bytes_are_counted() -> 
     assert pre.stats().wasted_bytes == 300 and pre.stats().staged_now == 0
 
 
-async def test_miss_with_fallback_fetches_directly() -> None:
-    source = FakeSource({"a": b"hello"})
-    pre = Prefetcher(source, 100)
-    assert await pre.get("a", fallback=True) == b"hello"
-    assert source.direct_gets == 1 and pre.stats().misses == 1
+async def test_known_size_reserves_at_once_and_asks_only_for_what_fits() -> None:
+    source = FakeSource({f"k{i}": bytes([i]) * 100 for i in range(5)})
+    pre = make(source, 250)
+    assert pre.stage([f"k{i}" for i in range(5)], present=5, expected_size=100) == 2
+    assert pre.stats().staged_now == 200 and pre.stats().refused == 3  # reserved before anything arrives
+    await settle()
+    assert set(source.fetched) == {"k0", "k1"}  # the rest was never asked for
+
+
+async def test_a_requests_own_chunks_are_not_evicted_by_its_second_lookup() -> None:
+    """LMCache looks a request up at lookup time and again at retrieve time."""
+    source = FakeSource({f"k{i}": bytes([i]) * 100 for i in range(4)})
+    pre = make(source, 250)
+    keys = [f"k{i}" for i in range(4)]
+    pre.stage(keys, present=4, expected_size=100)
+    await settle()
+    pre.stage(keys, present=4, expected_size=100)  # k0, k1 are this request's: k2 finds no room
+    await settle()
+    assert await pre.get("k0") == bytes([0]) * 100 and await pre.get("k1") == bytes([1]) * 100
+    assert pre.stats().evictions == 0 and pre.stats().refused == 4
+
+
+async def test_the_first_chunk_that_does_not_fit_ends_the_fetch() -> None:
+    source = FakeSource({f"k{i}": bytes([i]) * 100 for i in range(5)})
+    pre = make(source, 250)
+    pre.stage([f"k{i}" for i in range(5)], present=5)  # size unknown: reserved as frames arrive
+    await settle()
+    assert source.fetched == Counter({"k0": 1, "k1": 1, "k2": 1})  # k2 refused: k3, k4 never read
+    assert pre.stats().refused == 3 and pre.stats().staged_now == 200
+
+
+async def test_sink_sees_every_release() -> None:
+    source = FakeSource({f"k{i}": bytes([i]) * 100 for i in range(4)})
+    sink = RecordingSink()
+    pre: Prefetcher[bytearray] = Prefetcher(source, 250, sink)
+    pre.stage(["k0", "k1"], present=2, expected_size=100)
+    await settle()
+    pre.stage(["k2", "k3"], present=2, expected_size=100)  # evicts k0, k1 (never used)
+    await settle()
+    assert sink.dropped == [bytes([0]) * 100, bytes([1]) * 100]
+    assert await pre.get("k2") == bytes([2]) * 100  # handed over: the caller owns it now
+    pre.discard(["k3"])
+    pre.close()
+    assert sink.dropped[2:] == [bytes([3]) * 100]
+    assert pre.stats().wasted_bytes == 300
+
+
+async def test_a_sink_that_cannot_allocate_refuses_the_rest() -> None:
+    source = FakeSource({"a": b"A", "b": b"B"})
+    pre: Prefetcher[bytearray] = Prefetcher(source, 100, RecordingSink(fail_open=True))
+    pre.stage(["a", "b"], present=2)
+    await settle()
+    assert pre.stats().refused == 2 and pre.stats().staged_now == 0 and not pre.tracks("a")
 
 
 async def test_close_releases_waiters_and_stops_staging() -> None:
     source = FakeSource({"a": b"A"})
     source.gate = asyncio.Event()
-    pre = Prefetcher(source, 100)
+    pre = make(source, 100)
     pre.stage(["a"])
     waiter = asyncio.ensure_future(pre.get("a"))
     await settle()
     pre.close()
     assert await waiter is None
     assert pre.stage(["a"]) == 0
+
+
+async def test_take_ready_is_all_or_nothing() -> None:
+    source = FakeSource({"a": b"A", "b": b"B"})
+    source.gate = asyncio.Event()
+    pre = make(source, 100)
+    pre.stage(["a", "b"], present=2)
+    assert pre.take_ready(["a", "b"]) is None  # in flight: nothing taken
+    source.gate.set()
+    await settle()
+    assert pre.take_ready(["a", "zz"]) is None and pre.ready("a")
+    assert pre.take_ready(["a", "b"]) == [bytearray(b"A"), bytearray(b"B")]
+    assert pre.stats().staged_hits == 2 and not pre.ready("a")

@@ -1,0 +1,203 @@
+"""The S3-compatible API: a raw ASGI application over the chunk service, beside the native API.
+
+Per request: addressing (``routing``: virtual-hosted, path-style, LMCache's bare ``/<key>``) →
+authentication (SigV4 header or presigned URL, verified against the catalog's credentials; no
+credentials at all is the anonymous principal, whose rights come from the bucket's policy) →
+operation (method + subresources) → handler (``buckets``, ``objects``, ``uploads``). Handlers call
+``ChunkService``, ``BucketService`` and ``MultipartStore``, the same service layer as the native API,
+so an object written here is a chunk there and the other way round.
+
+Errors: handlers raise ``S3Error`` or a domain ``KvgwError``; ``_to_s3`` maps domain errors to S3
+codes through ``DOMAIN_CODES`` and ``errors.error_response`` renders S3's XML. Nothing else picks a
+status for an error. Every response carries ``x-amz-request-id``; a 500 never carries a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.access import Directory, Principal
+from gateway.api.http import Message, Receive, Request, Scope, Send
+from gateway.api.s3 import auth as sigv4_auth
+from gateway.api.s3.auth import AuthResult
+from gateway.api.s3.buckets import BucketHandlers
+from gateway.api.s3.common import DRAIN_LIMIT, Call, Gateway
+from gateway.api.s3.errors import ERRORS, InvalidAccessKeyId, S3Error, error_response
+from gateway.api.s3.objects import ObjectHandlers
+from gateway.api.s3.routing import Addressing, Target, operation, parse_query
+from gateway.api.s3.uploads import UploadHandlers
+from gateway.buckets import BucketService
+from gateway.config import Settings
+from gateway.errors import InvalidRange, KvgwError
+from gateway.multipart import MultipartStore
+from gateway.service import ChunkService
+
+log = logging.getLogger("kvgw.s3")
+
+Handler = Callable[[Call], Awaitable[None]]
+
+# Domain error code -> S3 error code. Codes that are already S3's map to themselves.
+DOMAIN_CODES: dict[str, str] = {
+    "NoSuchBucket": "NoSuchBucket",
+    "NoSuchChunk": "NoSuchKey",
+    "InvalidKey": "InvalidArgument",
+    "InvalidRequest": "InvalidRequest",
+    "IncompleteBody": "IncompleteBody",
+    "BadDigest": "BadDigest",
+    "InvalidRange": "InvalidRange",
+    "MissingContentLength": "MissingContentLength",
+    "ChunkTooLarge": "EntityTooLarge",
+    "PreconditionFailed": "PreconditionFailed",
+    "Unauthorized": "AccessDenied",
+    "AccessDenied": "AccessDenied",
+    "InsufficientStorage": "ServiceUnavailable",
+    "ServiceUnavailable": "ServiceUnavailable",
+    "InternalError": "InternalError",
+    "NoSuchUpload": "NoSuchUpload",
+    "InvalidPart": "InvalidPart",
+    "EntityTooSmall": "EntityTooSmall",
+    "InvalidBucketName": "InvalidBucketName",
+    "BucketAlreadyOwnedByYou": "BucketAlreadyOwnedByYou",
+    "BucketNotEmpty": "BucketNotEmpty",
+}
+
+
+def to_s3(exc: KvgwError, target: Target) -> S3Error:
+    """The S3 answer for a domain error (most specific data first: key, bucket, range)."""
+    code = DOMAIN_CODES.get(exc.code, "InternalError")
+    specific = exc.message != type(exc).default_message and code not in ("InternalError", "ServiceUnavailable")
+    message = exc.message if specific else None
+    if code == "NoSuchKey" and target.key is not None:
+        return S3Error(code, Key=target.key)
+    if code in ("NoSuchBucket", "BucketNotEmpty", "BucketAlreadyOwnedByYou", "InvalidBucketName"):
+        return S3Error(code, message if code != "NoSuchBucket" else None, BucketName=target.bucket or "")
+    if isinstance(exc, InvalidRange):
+        return S3Error(code, headers={"Content-Range": f"bytes */{exc.size}"}, ActualObjectSize=exc.size)
+    return S3Error(code, message)
+
+
+class S3API:
+    """The ASGI callable for every request that is not the native API or the control plane."""
+
+    def __init__(self, service: ChunkService, directory: Directory, buckets: BucketService,
+                 multipart: MultipartStore, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.gw = Gateway(service, directory, buckets, multipart, settings)
+        self.directory = directory
+        self.settings = settings
+        self.clock = clock
+        self.addressing = Addressing(settings.s3_api_base_domain, settings.s3_default_bucket)
+        objects, bucket_ops, uploads = ObjectHandlers(self.gw), BucketHandlers(self.gw), UploadHandlers(self.gw)
+        self.handlers: dict[str, Handler] = {
+            "ListBuckets": bucket_ops.list_buckets,
+            "CreateBucket": bucket_ops.create_bucket,
+            "HeadBucket": bucket_ops.head_bucket,
+            "DeleteBucket": bucket_ops.delete_bucket,
+            "GetBucketLocation": bucket_ops.get_bucket_location,
+            "ListObjects": bucket_ops.list_objects,
+            "ListObjectsV2": bucket_ops.list_objects_v2,
+            "PutObject": objects.put_object,
+            "GetObject": objects.get_object,
+            "HeadObject": objects.head_object,
+            "DeleteObject": objects.delete_object,
+            "DeleteObjects": objects.delete_objects,
+            "CreateMultipartUpload": uploads.create,
+            "UploadPart": uploads.upload_part,
+            "CompleteMultipartUpload": uploads.complete,
+            "AbortMultipartUpload": uploads.abort,
+            "ListParts": uploads.list_parts,
+            "ListMultipartUploads": uploads.list_uploads,
+        }
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # -- lifecycle (the stale-upload sweeper) --------------------------------------------------
+
+    async def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="kvgw-s3-multipart-sweeper")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                removed = await self.gw.multipart.sweep(max_age=self.settings.s3_api_multipart_max_age_seconds)
+                if removed:
+                    log.info("removed %d stale or completed multipart uploads", removed)
+            except Exception:
+                log.exception("multipart sweep failed")
+            await asyncio.sleep(self.settings.s3_api_sweep_interval_seconds)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        req = Request(scope, receive)
+        state = _ResponseState(send)
+        target = Target(None, None)
+        try:
+            target = self.addressing.target(req.header("host"), req.raw_path)
+            query = parse_query(req.query_string)
+            auth, principal = self._authenticate(req)
+            op = operation(req.method, target, query, req.headers)
+            call = Call(req, state.send, target, query, principal, auth,
+                        idle_timeout=self.settings.body_idle_timeout, operation=op)
+            handler = self.handlers.get(op)
+            if handler is None:
+                raise S3Error("NotImplemented", "This operation is not implemented by kvgw's S3 API.")
+            await handler(call)
+        except S3Error as exc:
+            await self._send_error(req, state, exc)
+        except KvgwError as exc:
+            await self._send_error(req, state, to_s3(exc, target))
+        except Exception:
+            log.exception("unhandled error in S3 %s %s (request %s)", req.method, req.raw_path, req.request_id)
+            await self._send_error(req, state, S3Error("InternalError"))
+
+    def _authenticate(self, req: Request) -> tuple[AuthResult | None, Principal]:
+        headers = req.scope["headers"]
+        signed = req.header("authorization") is not None or "X-Amz-" in req.query_string or \
+            "AWSAccessKeyId=" in req.query_string
+        if not signed:
+            return None, self.directory.anonymous
+        claim = sigv4_auth.parse_request(req.method, req.raw_path.encode("latin-1"), req.query_string, headers,
+                                         now=self.clock())
+        secret = self.directory.secret_for(claim.access_key)
+        if secret is None:
+            raise InvalidAccessKeyId(AWSAccessKeyId=claim.access_key)
+        result = sigv4_auth.verify(claim, secret)
+        return result, self.directory.principal_for(claim.access_key)
+
+    async def _send_error(self, req: Request, state: _ResponseState, exc: S3Error) -> None:
+        if state.started:
+            log.warning("S3 request %s failed after its response started: %s", req.request_id, exc.code)
+            return
+        if exc.status >= 500 and exc.code not in ERRORS:
+            exc = S3Error("InternalError")
+        answer = error_response(exc, resource=req.raw_path, request_id=req.request_id, head=req.method == "HEAD")
+        headers = answer.headers
+        headers.append((b"x-amz-id-2", req.request_id.encode()))
+        if not await req.drain(DRAIN_LIMIT):
+            headers.append((b"connection", b"close"))
+        headers.append((b"content-length", str(len(answer.body)).encode()))
+        await state.send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await state.send({"type": "http.response.body", "body": answer.body})
+
+
+class _ResponseState:
+    __slots__ = ("_send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)

@@ -1,0 +1,314 @@
+"""Object operations: PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects.
+
+An object is a chunk: PutObject streams the verified body into ``ChunkService.put`` (write-once: a
+key that exists keeps its bytes and the answer carries the stored ETag), GetObject serves
+``ChunkService.open_info``. What S3 keeps beside the bytes (content type, user metadata, the
+``x-amz-checksum-*`` values) goes into the chunk's attrs and comes back on GET/HEAD; checksums only
+when the client asks (``x-amz-checksum-mode: ENABLED``) and only for whole-object answers.
+
+The ETag is the chunk's xxh3-64 (``"<16 hex>"``), the same through both APIs: not an MD5, which
+no client here checks it against (botocore, the aws CLI, awscrt and rclone treat a 16-hex ETag as
+opaque).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from email.utils import parsedate_to_datetime
+
+from gateway.access import Action
+from gateway.api.http import http_date
+from gateway.api.native import send_body
+from gateway.api.s3 import xml
+from gateway.api.s3.checksums import ALGORITHMS
+from gateway.api.s3.common import DRAIN_LIMIT, Call, Gateway, as_bytes, body_payload, object_key, read_small_body
+from gateway.api.s3.errors import S3Error
+from gateway.errors import KvgwError, NoSuchChunk
+from gateway.keys import InvalidKeyError, validate_key
+from gateway.service import ChunkInfo, resolve_range
+
+# Request headers kept with the object and returned on GET/HEAD.
+STORED_HEADERS = ("content-type", "content-disposition", "content-language", "cache-control", "expires",
+                  "x-amz-website-redirect-location", "x-amz-tagging-count")
+DEFAULT_CONTENT_TYPE = "binary/octet-stream"
+MAX_METADATA_BYTES = 2048
+CHECKSUM_PREFIX = "x-amz-checksum-"
+CHECKSUM_TYPE = "x-amz-checksum-type"
+_RESPONSE_OVERRIDES = {
+    "response-content-type": b"content-type",
+    "response-content-language": b"content-language",
+    "response-expires": b"expires",
+    "response-cache-control": b"cache-control",
+    "response-content-disposition": b"content-disposition",
+    "response-content-encoding": b"content-encoding",
+}
+
+
+def request_attrs(call: Call) -> dict[str, str]:
+    """Content headers and ``x-amz-meta-*`` of a PutObject / CreateMultipartUpload, as chunk attrs."""
+    attrs: dict[str, str] = {}
+    meta_bytes = 0
+    for name, value in call.req.headers.items():
+        if name in STORED_HEADERS or name == "content-encoding":
+            attrs[name] = value
+        elif name.startswith("x-amz-meta-"):
+            attrs[name] = value
+            meta_bytes += len(name) - len("x-amz-meta-") + len(value)
+    if meta_bytes > MAX_METADATA_BYTES:
+        raise S3Error("MetadataTooLarge", MaxSizeAllowed=MAX_METADATA_BYTES)
+    encoding = attrs.get("content-encoding")
+    if encoding is not None:
+        kept = [t.strip() for t in encoding.split(",") if t.strip() and t.strip().lower() != "aws-chunked"]
+        if kept:
+            attrs["content-encoding"] = ",".join(kept)
+        else:
+            del attrs["content-encoding"]
+    return attrs
+
+
+def checksum_headers(attrs: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode(), value.encode()) for name, value in attrs.items()
+            if name.startswith(CHECKSUM_PREFIX) or name == CHECKSUM_TYPE]
+
+
+def checksum_attrs(checksums: Mapping[str, str]) -> dict[str, str]:
+    """Payload checksums (algorithm -> base64) as attrs; Content-MD5 is not an S3 checksum."""
+    out = {f"{CHECKSUM_PREFIX}{alg}": value for alg, value in checksums.items() if alg != "md5"}
+    if out:
+        out[CHECKSUM_TYPE] = "FULL_OBJECT"
+    return out
+
+
+def requested_algorithms(call: Call) -> list[str]:
+    """An algorithm named by ``x-amz-sdk-checksum-algorithm`` without a value to check: S3 computes it."""
+    name = (call.header("x-amz-sdk-checksum-algorithm") or "").strip().lower()
+    if name and name in ALGORITHMS and name != "md5":
+        return [name]
+    return []
+
+
+def etag_matches(header: str, etag: str) -> bool:
+    bare = etag.strip('"')
+    for item in header.split(","):
+        item = item.strip()
+        if item == "*" or item.removeprefix("W/").strip('"') == bare:
+            return True
+    return False
+
+
+def _http_time(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return parsedate_to_datetime(raw).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None  # an unreadable date is ignored, as S3 does
+
+
+def check_read_conditions(call: Call, info: ChunkInfo) -> None:
+    """If-Match / If-Unmodified-Since (412) and If-None-Match / If-Modified-Since (304), S3's order."""
+    modified = float(int(info.created))
+    if_match = call.header("if-match")
+    if if_match is not None:
+        if not etag_matches(if_match, info.etag):
+            raise S3Error("PreconditionFailed", Condition="If-Match")
+    else:
+        since = _http_time(call.header("if-unmodified-since"))
+        if since is not None and modified > since:
+            raise S3Error("PreconditionFailed", Condition="If-Unmodified-Since")
+    if_none = call.header("if-none-match")
+    if if_none is not None:
+        if etag_matches(if_none, info.etag):
+            raise _not_modified(info)
+    else:
+        since = _http_time(call.header("if-modified-since"))
+        if since is not None and modified <= since:
+            raise _not_modified(info)
+
+
+def _not_modified(info: ChunkInfo) -> S3Error:
+    return S3Error("NotModified", headers={"ETag": info.etag, "Last-Modified": http_date(info.created)})
+
+
+def parse_range(raw: str | None) -> tuple[int | None, int | None] | None:
+    """One ``bytes=`` range; None (serve everything) for forms S3 ignores (several ranges, other units)."""
+    if raw is None:
+        return None
+    unit, _, spec = raw.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    first, last = first.strip(), last.strip()
+    if not dash or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+        return None
+    if first == "" and last == "":
+        return None
+    start = int(first) if first else None
+    end = int(last) if last else None
+    if start is not None and end is not None and end < start:
+        return None
+    return start, end
+
+
+class ObjectHandlers:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    # -- writes --------------------------------------------------------------------------------
+
+    async def put_object(self, call: Call) -> None:
+        key = object_key(call)
+        bucket = await self.gw.bucket(call, Action.WRITE)
+        attrs = request_attrs(call)
+        service = self.gw.service
+        existing = await service.lookup(bucket, key)
+        if existing is not None or call.header("if-match") is not None:
+            self._check_write_conditions(call, existing)
+        if existing is not None:
+            await self._existing(call, existing)
+            return
+        payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=requested_algorithms(call))
+        assert payload.length is not None
+        if payload.content_encoding is not None:
+            attrs["content-encoding"] = payload.content_encoding
+
+        async def body() -> AsyncIterator[bytes]:
+            async for piece in as_bytes(aiter(payload)):
+                yield piece
+            attrs.update(checksum_attrs(payload.checksums))  # the service records attrs after the body
+
+        result = await service.put(bucket, key, body(), length=payload.length, attrs=attrs)
+        if not result.created:
+            await self._existing(call, result.info)
+            return
+        self.gw.attrs.put(result.info, dict(attrs))
+        headers = call.headers()
+        headers.append((b"etag", result.info.etag.encode()))
+        headers.extend(checksum_headers(attrs))
+        await call.respond(200, headers)
+
+    @staticmethod
+    def _check_write_conditions(call: Call, existing: ChunkInfo | None) -> None:
+        if_none = call.header("if-none-match")
+        if if_none is not None and existing is not None and if_none.strip() == "*":
+            raise S3Error("PreconditionFailed", Condition="If-None-Match")
+        if_match = call.header("if-match")
+        if if_match is not None:
+            if existing is None:
+                raise NoSuchChunk()
+            if not etag_matches(if_match, existing.etag):
+                raise S3Error("PreconditionFailed", Condition="If-Match")
+
+    async def _existing(self, call: Call, info: ChunkInfo) -> None:
+        """Write-once: the key keeps its chunk; the answer is a success carrying the stored ETag."""
+        headers = call.headers()
+        headers.append((b"etag", info.etag.encode()))
+        if not await call.req.drain(DRAIN_LIMIT):
+            headers.append((b"connection", b"close"))
+        await call.respond(200, headers)
+
+    async def delete_object(self, call: Call) -> None:
+        key = object_key(call)
+        bucket = await self.gw.bucket(call, Action.ADMIN)
+        await self.gw.service.delete(bucket, key)
+        await call.respond(204, call.headers())
+
+    async def delete_objects(self, call: Call) -> None:
+        bucket = await self.gw.bucket(call, Action.ADMIN)
+        request = xml.parse_delete(await read_small_body(call, xml.MAX_XML_BODY))
+        deleted: list[str] = []
+        errors: list[xml.DeleteError] = []
+        for key, _version in request.keys:
+            try:
+                validate_key(key)
+            except InvalidKeyError as exc:
+                errors.append(xml.DeleteError(key, "InvalidArgument", str(exc)))
+                continue
+            try:
+                await self.gw.service.delete(bucket, key)
+            except KvgwError as exc:
+                errors.append(xml.DeleteError(key, "InternalError", exc.message))
+                continue
+            deleted.append(key)
+        await call.respond_xml(xml.render_delete_result(deleted, errors, quiet=request.quiet))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def _resolve(self, call: Call) -> ChunkInfo:
+        key = object_key(call)
+        bucket = await self.gw.bucket(call, Action.READ)
+        version = call.query.get("versionId")
+        if version is not None and version != "null":
+            raise S3Error("InvalidArgument", "Invalid version id specified", ArgumentName="versionId")
+        info = await self.gw.service.lookup(bucket, key)
+        if info is None:
+            raise NoSuchChunk()
+        return info
+
+    def _part_number(self, call: Call) -> bool:
+        """``partNumber=1`` asks for the whole object (it is one part); any other number is out of range."""
+        raw = call.query.get("partNumber")
+        if raw is None:
+            return False
+        if raw != "1":
+            raise S3Error("InvalidPartNumber") if raw.isdigit() else S3Error("InvalidArgument",
+                                                                              "Part number must be an integer")
+        return True
+
+    async def _object_headers(self, call: Call, info: ChunkInfo, *, whole: bool) -> list[tuple[bytes, bytes]]:
+        attrs = await self.gw.chunk_attrs(info)
+        headers = call.headers()
+        headers += [
+            (b"etag", info.etag.encode()),
+            (b"last-modified", http_date(info.created).encode()),
+            (b"accept-ranges", b"bytes"),
+        ]
+        overrides = {_RESPONSE_OVERRIDES[n]: v for n, v in call.query.items() if n in _RESPONSE_OVERRIDES}
+        if b"content-type" not in overrides:
+            content_type = attrs.get("content-type", DEFAULT_CONTENT_TYPE)
+            headers.append((b"content-type", content_type.encode("latin-1", "replace")))
+        for name, value in attrs.items():
+            if name == "content-type" or name.startswith(CHECKSUM_PREFIX) or name == CHECKSUM_TYPE:
+                continue
+            raw = name.encode()
+            if raw not in overrides:
+                headers.append((raw, value.encode("latin-1", "replace")))
+        headers.extend((name, value.encode("latin-1", "replace")) for name, value in overrides.items())
+        if whole and (call.header("x-amz-checksum-mode") or "").upper() == "ENABLED":
+            headers.extend(checksum_headers(attrs))
+        return headers
+
+    async def head_object(self, call: Call) -> None:
+        info = await self._resolve(call)
+        self._part_number(call)
+        check_read_conditions(call, info)
+        byte_range = parse_range(call.header("range"))
+        status = 200
+        length = info.size
+        headers = await self._object_headers(call, info, whole=byte_range is None)
+        if byte_range is not None:
+            offset, length = resolve_range(byte_range, info.size)
+            status = 206
+            headers.append((b"content-range", f"bytes {offset}-{offset + length - 1}/{info.size}".encode()))
+        headers.append((b"content-length", str(length).encode()))
+        await call.send({"type": "http.response.start", "status": status, "headers": headers})
+        await call.send({"type": "http.response.body", "body": b""})
+
+    async def get_object(self, call: Call) -> None:
+        info = await self._resolve(call)
+        self._part_number(call)
+        check_read_conditions(call, info)
+        byte_range = parse_range(call.header("range"))
+        body = await self.gw.service.open_info(info, byte_range)
+        try:
+            headers = await self._object_headers(call, body.info, whole=byte_range is None)
+            headers.append((b"content-length", str(body.length).encode()))
+            status = 200
+            if byte_range is not None:
+                status = 206
+                last = body.offset + body.length - 1
+                headers.append((b"content-range", f"bytes {body.offset}-{last}/{body.info.size}".encode()))
+            await send_body(call.send, status, headers, body)
+        finally:
+            await body.close()
+

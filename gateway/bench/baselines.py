@@ -1,0 +1,316 @@
+"""Baselines a benchmark measures in the same run, on the same disk, with the same load generator.
+
+- ``Nginx``: nginx serving a directory on loopback (``sendfile on``, ``worker_processes auto``), the
+  reference for GET throughput and server CPU per GiB.
+- ``dict_app`` / ``FastAPIApp``: a plain FastAPI app whose ``HEAD/GET /items/{key}`` route looks the
+  key up in a dict, under uvicorn with uvloop + httptools like kvgw: the reference for HEAD.
+  ``python -m gateway.bench.baselines --port N`` runs it.
+- ``raw_write_op`` / ``raw_read_op``: the same bytes written (temp file, fsync, link, fsync dir) and
+  read (``readinto`` a preallocated buffer) straight from Python, the reference for PUT and GET.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.bench import procstat
+from gateway.bench.loadgen import Address, Op, Request, request_once
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, log: Path,
+               timeout: float = 30.0) -> None:
+    """Poll ``check`` until it holds. If ``proc`` dies or time runs out, stop it and raise with its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
+        with contextlib.suppress(OSError, RuntimeError):
+            if check():
+                return
+        time.sleep(0.05)
+    stop_process(proc)
+    raise RuntimeError(f"{what} did not come up within {timeout:g} s:\n{tail(log)}")
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def http_ok(address: Address, target: str) -> bool:
+    status, _ = request_once(address, Request("GET", target), timeout=2.0)
+    return status == 200
+
+
+# -- nginx ---------------------------------------------------------------------------------------
+
+NGINX_CONF = """\
+{user}worker_processes auto;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nodelay on;
+    keepalive_timeout 75s;
+    keepalive_requests 100000000;
+    default_type application/octet-stream;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {{ }}
+    }}
+}}
+"""
+
+
+def find_nginx() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx") if os.path.exists(p)),
+        None,
+    )
+
+
+class Nginx:
+    """nginx serving ``root`` on a free loopback port, run from ``workdir`` (config, pid, error log)."""
+
+    def __init__(self, binary: str, root: Path, workdir: Path) -> None:
+        self.binary = binary
+        self.root = root
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "nginx.out"
+
+    @property
+    def address(self) -> Address:
+        return ("127.0.0.1", self.port)
+
+    def start(self, probe: str) -> Nginx:
+        """Start nginx and wait until ``probe`` (a path under root) answers 200."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "nginx.conf"
+        # As root, nginx's workers would drop to "nobody", which cannot enter a 0700 temp dir.
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        conf.write_text(NGINX_CONF.format(user=user, dir=self.workdir, port=self.port, root=self.root))
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [self.binary, "-p", str(self.workdir), "-c", str(conf), "-g", "daemon off;"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        wait_until(lambda: http_ok(self.address, probe), self.proc, "nginx", self.workdir / "error.log")
+        return self
+
+    def pids(self) -> list[int]:
+        """The master and its workers (CPU is summed over all of them)."""
+        if self.proc is None:
+            return []
+        return [self.proc.pid, *procstat.children(self.proc.pid)]
+
+    def version(self) -> str:
+        done = subprocess.run([self.binary, "-v"], capture_output=True, text=True, check=False)
+        return (done.stderr or done.stdout).strip()
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+# -- plain FastAPI dict-lookup app ---------------------------------------------------------------
+
+def item_keys(count: int) -> list[str]:
+    return [f"k{i:04d}" for i in range(count)]
+
+
+def dict_app(items: dict[str, int]) -> FastAPI:
+    """FastAPI app: ``HEAD /items/{key}`` answers the item's size and ETag from a dict (404 if absent),
+    ``GET`` the same as JSON. The plainest FastAPI route that does what kvgw's HEAD does."""
+    from fastapi import FastAPI, HTTPException, Response
+
+    app = FastAPI()
+    etags = {key: f'"{hash(key) & 0xFFFFFFFF:08x}"' for key in items}
+
+    def lookup(key: str) -> int:
+        size = items.get(key)
+        if size is None:
+            raise HTTPException(status_code=404, detail="no such item")
+        return size
+
+    @app.head("/items/{key}")
+    async def head_item(key: str) -> Response:
+        return Response(headers={"content-length": str(lookup(key)), "etag": etags[key]})
+
+    @app.get("/items/{key}")
+    async def get_item(key: str) -> Response:
+        size = lookup(key)
+        return Response(content=f'{{"key":"{key}","size":{size}}}', media_type="application/json",
+                        headers={"etag": etags[key]})
+
+    return app
+
+
+class FastAPIApp:
+    """``dict_app`` in its own process (``python -m gateway.bench.baselines``) on a free port."""
+
+    def __init__(self, workdir: Path, keys: int, size: int) -> None:
+        self.workdir = workdir
+        self.keys = keys
+        self.size = size
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "fastapi.out"
+
+    @property
+    def address(self) -> Address:
+        return ("127.0.0.1", self.port)
+
+    def start(self) -> FastAPIApp:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.bench.baselines", "--port", str(self.port),
+                 "--keys", str(self.keys), "--size", str(self.size)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        probe = f"/items/{item_keys(1)[0]}"
+        wait_until(lambda: http_ok(self.address, probe), self.proc, "FastAPI baseline", self.log)
+        return self
+
+    def pids(self) -> list[int]:
+        return [] if self.proc is None else [self.proc.pid]
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="plain FastAPI dict-lookup app (benchmark baseline)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--keys", type=int, default=64)
+    parser.add_argument("--size", type=int, default=4096)
+    args = parser.parse_args(argv)
+    app = dict_app(dict.fromkeys(item_keys(args.keys), args.size))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools", lifespan="on",
+                log_level="warning", access_log=False, timeout_keep_alive=30)
+    return 0
+
+
+# -- raw file I/O from Python --------------------------------------------------------------------
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+WRITE_PIECE = 1 << 20  # measured here: 1 MiB writes cost ~half the CPU of one 8 MiB write (kvgw writes 1 MiB)
+
+
+def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,
+                 written: list[str] | None = None) -> Callable[[int], Op]:
+    """``open_client`` for ``run_ops``: each op writes ``payload`` to a fresh temp file (WRITE_PIECE at
+    a time), fsyncs it, links it to a distinct final name, removes the temp name and fsyncs the
+    directory -- what a write-once store must do at the least (without fsync with ``fsync=False``).
+    Final paths are appended to ``written`` so the caller can delete them afterwards."""
+    staging = directory / "staging"
+    final = directory / "final"
+    staging.mkdir(parents=True, exist_ok=True)
+    final.mkdir(parents=True, exist_ok=True)
+    final_dir = str(final)
+    run = os.urandom(4).hex()
+
+    def open_client(i: int) -> Op:
+        def op(seq: int) -> int:
+            name = f"{run}-{i}-{seq}"
+            tmp = f"{staging}/{name}.part"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                for at in range(0, payload.nbytes, WRITE_PIECE):
+                    piece = payload[at : at + WRITE_PIECE]
+                    while piece:
+                        piece = piece[os.write(fd, piece) :]
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            target = f"{final_dir}/{name}"
+            os.link(tmp, target)
+            os.unlink(tmp)
+            if fsync:
+                _fsync_dir(final_dir)
+            if written is not None:
+                written.append(target)
+            return payload.nbytes
+
+        return op
+
+    return open_client
+
+
+def raw_read_op(paths: Sequence[Path], size: int) -> Callable[[int], Op]:
+    """``open_client`` for ``run_ops``: each op opens one of ``paths`` (cycling) and reads ``size``
+    bytes with ``readinto`` a buffer preallocated per client."""
+    names = [str(p) for p in paths]
+
+    def open_client(i: int) -> Op:
+        buf = memoryview(bytearray(size))
+
+        def op(seq: int) -> int:
+            with open(names[(i + seq) % len(names)], "rb", buffering=0) as f:
+                got = 0
+                while got < size:
+                    n = f.readinto(buf[got:])
+                    if not n:
+                        raise OSError(f"short read: {got} of {size} bytes")
+                    got += n
+            return got
+
+        return op
+
+    return open_client
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,779 @@
+"""``kvgw bench io``: chunk I/O throughput, latency, CPU and memory of a real gateway, beside baselines
+measured in the same run, on the same disk, with the same load generator (``gateway.bench.loadgen``).
+
+What runs (all on loopback, all started here and stopped afterwards):
+
+- ``kvgw serve --anonymous`` on its defaults (fsync on, reads verified), in a subprocess, data in a
+  temp dir under ``--data-dir`` (default: the current directory); with ``--compare-no-fsync`` a second
+  one with ``--no-fsync`` for the PUT rows;
+- nginx (``sendfile on``, ``worker_processes auto``) serving the same bytes from files in that temp dir;
+- a plain FastAPI dict-lookup app under uvicorn (uvloop + httptools) for HEAD;
+- raw file write (temp file, fsync, link, fsync dir) and read (``readinto``) of the same bytes, from
+  Python threads, in that temp dir.
+
+The machine may be shared and noisy, so every figure is measured in ``--rounds`` rounds, kvgw and its
+baselines back to back within a round (their order alternating between rounds); the report gives
+medians over rounds, and each ratio is the median of the per-round kvgw / baseline ratios. CPU used by
+other processes during each measurement is recorded too. GETs cycle over ``--objects`` distinct
+chunks; PUTs always write new keys (a repeated key is a no-op for kvgw) and are deleted again after
+each measurement. Reads are served from the page cache (everything was just written); this measures the
+serving path, not the disk.
+
+Exit status: 0 when every target passes and no request failed, 1 otherwise, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from gateway.bench import procstat
+from gateway.bench.baselines import (
+    FastAPIApp,
+    Nginx,
+    find_nginx,
+    free_port,
+    http_ok,
+    item_keys,
+    raw_read_op,
+    raw_write_op,
+    stop_process,
+    wait_until,
+)
+from gateway.bench.loadgen import Address, Request, Stats, request_once, run_load, run_ops
+
+MiB = 1 << 20
+GiB = 1 << 30
+BUCKET = "kvcache"
+META_KEYS = 64  # keys per exists / prefix call, and HEAD targets
+META_CHUNK_BYTES = 4096
+RSS_CLIENTS = 32
+RSS_CHUNK = 32 * MiB
+RSS_LIMIT_BYTES = 400 * 10**6
+
+KVGW = "kvgw"
+KVGW_NOFSYNC = "kvgw --no-fsync"
+NGINX = "nginx"
+RAW_READ = "raw read"
+RAW_WRITE = "raw write+fsync+link"
+RAW_WRITE_NOFSYNC = "raw write+link"
+FASTAPI = "FastAPI dict route"
+
+
+# -- the gateway under test ------------------------------------------------------------------------
+
+class KvgwServer:
+    """``kvgw serve`` in a subprocess on a free port (the command users run, via ``-m gateway.cli``)."""
+
+    def __init__(self, data_dir: Path, *, fsync: bool = True) -> None:
+        self.data_dir = data_dir
+        self.fsync = fsync
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = data_dir.parent / f"{data_dir.name}.log"
+
+    @property
+    def address(self) -> Address:
+        return ("127.0.0.1", self.port)
+
+    def start(self) -> KvgwServer:
+        # The gateway runs on its defaults: the caller's KVGW_* settings are not passed on.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVGW_")}
+        env["KVGW_LOG_LEVEL"] = "warning"
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
+               "--data-dir", str(self.data_dir), "--anonymous"]
+        if not self.fsync:
+            cmd.append("--no-fsync")
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env)
+        wait_until(lambda: http_ok(self.address, "/readyz"), self.proc, "kvgw serve", self.log, timeout=60)
+        return self
+
+    def pids(self) -> list[int]:
+        return [] if self.proc is None else [self.proc.pid]
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def chunk_target(key: str) -> str:
+    return f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}"
+
+
+# -- measurements ----------------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    """One measurement: one target, one op, one size, one client count, one round."""
+
+    target: str
+    op: str
+    size: int
+    clients: int
+    round: int
+    stats: Stats
+    server_cpu_s: float | None  # CPU of the serving process(es); None for in-process baselines
+    others_cores: float  # average cores busy with processes other than ours during the window
+    steal_cores: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "op": self.op, "size": self.size, "clients": self.clients,
+                "round": self.round, **self.stats.summary(), "server_cpu_s": self.server_cpu_s,
+                "server_cpu_s_per_gib": self.cpu_per_gib, "others_cores": self.others_cores,
+                "steal_cores": self.steal_cores, "statuses": dict(self.stats.statuses)}
+
+    @property
+    def cpu_per_gib(self) -> float | None:
+        if self.server_cpu_s is None or not self.stats.bytes:
+            return None
+        return self.server_cpu_s / (self.stats.bytes / GiB)
+
+
+@dataclass
+class Cell:
+    """Targets measured back to back in every round: the first is kvgw, the rest its baselines."""
+
+    op: str
+    size: int
+    clients: int
+    runs: list[tuple[str, Callable[[int], Sample]]]  # (target, run(round) -> Sample)
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    work: Path
+    kvgw: KvgwServer
+    kvgw_nofsync: KvgwServer | None
+    nginx: Nginx
+    fastapi: FastAPIApp
+    payloads: dict[int, bytearray] = field(default_factory=dict)
+    get_keys: dict[int, list[str]] = field(default_factory=dict)
+    www_files: dict[int, list[Path]] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: os.urandom(3).hex())
+
+    # -- plumbing --
+
+    def our_pids(self) -> list[int]:
+        pids = [os.getpid(), *self.kvgw.pids(), *self.nginx.pids(), *self.fastapi.pids()]
+        if self.kvgw_nofsync is not None:
+            pids += self.kvgw_nofsync.pids()
+        return pids
+
+    def measure(self, target: str, op: str, size: int, clients: int, rnd: int, run: Callable[[], Stats],
+                server_pids: Sequence[int] | None) -> Sample:
+        ours = self.our_pids()
+        busy0, steal0 = procstat.machine_busy_seconds()
+        ours0 = procstat.total_cpu_seconds(ours)
+        server0 = procstat.total_cpu_seconds(server_pids) if server_pids is not None else 0.0
+        t0 = time.monotonic()
+        stats = run()
+        wall = time.monotonic() - t0
+        server = procstat.total_cpu_seconds(server_pids) - server0 if server_pids is not None else None
+        busy1, steal1 = procstat.machine_busy_seconds()
+        others = max(0.0, (busy1 - busy0) - (procstat.total_cpu_seconds(ours) - ours0)) / wall
+        sample = Sample(target, op, size, clients, rnd, stats, server, others, (steal1 - steal0) / wall)
+        self.samples.append(sample)
+        if stats.errors:
+            print(f"  ! {target} {op} {fmt_size(size)} x{clients}: {stats.errors} errors, e.g. "
+                  f"{stats.error_samples[:2]}", flush=True)
+        return sample
+
+    def duration(self) -> float:
+        return float(self.args.duration)
+
+    # -- set-up --
+
+    def payload(self, size: int) -> bytearray:
+        if size not in self.payloads:
+            self.payloads[size] = bytearray(os.urandom(size))
+        return self.payloads[size]
+
+    def preload(self, sizes: Sequence[int]) -> None:
+        """``--objects`` distinct chunks per size, in kvgw and as files for nginx / raw reads (the same
+        bytes: object i is the size's payload with i in its first 8 bytes); META_KEYS small chunks."""
+        www = self.work / "www"
+        for size in sizes:
+            if size in self.get_keys:
+                continue
+            buf = self.payload(size)
+            head = bytes(buf[:8])
+            keys, files = [], []
+            folder = www / str(size)
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(self.args.objects):
+                buf[:8] = i.to_bytes(8, "little")
+                key = f"get-{self.run_id}-{size}-{i}"
+                status, body = request_once(self.kvgw.address, Request("PUT", chunk_target(key), body=buf,
+                                                                       expect=(201,)), timeout=300)
+                if status != 201:
+                    raise RuntimeError(f"preload PUT {key}: {status} {body[:200]!r}")
+                path = folder / f"obj{i}"
+                path.write_bytes(buf)
+                keys.append(key)
+                files.append(path)
+            buf[:8] = head
+            self.get_keys[size] = keys
+            self.www_files[size] = files
+        (www / "probe").write_bytes(b"ok")
+        for key in self.meta_keys():
+            status, body = request_once(self.kvgw.address, Request(
+                "PUT", chunk_target(key), body=b"m" * META_CHUNK_BYTES, expect=(201, 200)))
+            if status not in (200, 201):
+                raise RuntimeError(f"preload PUT {key}: {status} {body[:200]!r}")
+        # Everything is read once before it is measured, so every target starts from the page cache.
+        for size in sizes:
+            run_load(self.kvgw.address, self.get_request_maker(size), 1, count=len(self.get_keys[size]),
+                     body_buffer_bytes=MiB)
+            run_ops(raw_read_op(self.www_files[size], size), 1, count=len(self.www_files[size]))
+
+    def meta_keys(self) -> list[str]:
+        return [f"meta-{self.run_id}-{i:04d}" for i in range(META_KEYS)]
+
+    def check_meta(self) -> None:
+        """exists / prefix must answer what the benchmark assumes (all 64 keys present)."""
+        for op, want in (("exists", b'{"exists":[' + b",".join([b"true"] * META_KEYS) + b"]}"),
+                         ("prefix", b'{"length":%d}' % META_KEYS)):
+            status, body = request_once(self.kvgw.address, self.meta_request(op))
+            if status != 200 or body.replace(b" ", b"") != want:
+                raise RuntimeError(f"{op} answered {status} {body[:200]!r}, expected {want[:60]!r}...")
+
+    def meta_request(self, op: str) -> Request:
+        doc = json.dumps({"keys": self.meta_keys()}).encode()
+        return Request("POST", f"/v1/buckets/{BUCKET}/{op}", body=doc,
+                       headers=[("Content-Type", "application/json")])
+
+    def get_request_maker(self, size: int) -> Callable[[int, int], Request]:
+        reqs = [Request("GET", chunk_target(k)) for k in self.get_keys[size]]
+        n = len(reqs)
+        return lambda i, seq: reqs[(i + seq) % n]
+
+    # -- the cells --
+
+    def put_kvgw(self, server: KvgwServer, target: str, size: int, clients: int) -> Callable[[int], Sample]:
+        def run(rnd: int) -> Sample:
+            payload = self.payload(size)
+            written: list[str] = []
+            tag = f"put-{self.run_id}-{'f' if server.fsync else 'n'}-{size}-{clients}-{rnd}"
+
+            def make(i: int, seq: int) -> Request:
+                key = f"{tag}-{i}-{seq}"
+                written.append(key)
+                return Request("PUT", chunk_target(key), body=payload, expect=(201,))
+
+            sample = self.measure(target, "PUT", size, clients, rnd,
+                                  lambda: run_load(server.address, make, clients, duration=self.duration()),
+                                  server.pids())
+            deletes = [Request("DELETE", chunk_target(k), expect=(204, 404)) for k in written]
+            done = run_load(server.address, lambda i, seq: deletes[seq], min(4, max(1, len(deletes))),
+                            count=len(deletes))
+            if done.errors:
+                print(f"  ! clean-up of {target} PUT keys: {done.errors} errors {done.error_samples[:2]}")
+            os.sync()
+            return sample
+
+        return run
+
+    def put_raw(self, target: str, size: int, clients: int, *, fsync: bool) -> Callable[[int], Sample]:
+        def run(rnd: int) -> Sample:
+            written: list[str] = []
+            folder = self.work / "raw-write"
+            opener = raw_write_op(folder, memoryview(self.payload(size)), fsync=fsync, written=written)
+            sample = self.measure(target, "PUT", size, clients, rnd,
+                                  lambda: run_ops(opener, clients, duration=self.duration()), None)
+            for path in written:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            os.sync()
+            return sample
+
+        return run
+
+    def get_kvgw(self, size: int, clients: int) -> Callable[[int], Sample]:
+        make = self.get_request_maker(size)
+        return lambda rnd: self.measure(
+            KVGW, "GET", size, clients, rnd,
+            lambda: run_load(self.kvgw.address, make, clients, duration=self.duration()), self.kvgw.pids())
+
+    def get_nginx(self, size: int, clients: int) -> Callable[[int], Sample]:
+        reqs = [Request("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
+        n = len(reqs)
+        return lambda rnd: self.measure(
+            NGINX, "GET", size, clients, rnd,
+            lambda: run_load(self.nginx.address, lambda i, seq: reqs[(i + seq) % n], clients,
+                             duration=self.duration()),
+            self.nginx.pids())
+
+    def get_raw(self, size: int, clients: int) -> Callable[[int], Sample]:
+        opener = raw_read_op(self.www_files[size], size)
+        return lambda rnd: self.measure(RAW_READ, "GET", size, clients, rnd,
+                                        lambda: run_ops(opener, clients, duration=self.duration()), None)
+
+    def meta_kvgw(self, op: str, clients: int) -> Callable[[int], Sample]:
+        heads = [Request("HEAD", chunk_target(k)) for k in self.meta_keys()]
+        reqs = heads if op == "HEAD" else [self.meta_request(op)]
+        n = len(reqs)
+        name = op if op == "HEAD" else f"{op} {META_KEYS} keys"
+        return lambda rnd: self.measure(
+            KVGW, name, 0, clients, rnd,
+            lambda: run_load(self.kvgw.address, lambda i, seq: reqs[(i + seq) % n], clients,
+                             duration=self.duration()),
+            self.kvgw.pids())
+
+    def head_fastapi(self, clients: int) -> Callable[[int], Sample]:
+        reqs = [Request("HEAD", f"/items/{k}") for k in item_keys(META_KEYS)]
+        n = len(reqs)
+        return lambda rnd: self.measure(
+            FASTAPI, "HEAD", 0, clients, rnd,
+            lambda: run_load(self.fastapi.address, lambda i, seq: reqs[(i + seq) % n], clients,
+                             duration=self.duration()),
+            self.fastapi.pids())
+
+    def cells(self) -> list[Cell]:
+        sizes, clients = self.args.sizes, self.args.clients
+        out: list[Cell] = []
+        for size in sizes:
+            for c in clients:
+                out.append(Cell("PUT", size, c, [(KVGW, self.put_kvgw(self.kvgw, KVGW, size, c)),
+                                                 (RAW_WRITE, self.put_raw(RAW_WRITE, size, c, fsync=True))]))
+                if self.kvgw_nofsync is not None:
+                    out.append(Cell("PUT", size, c, [
+                        (KVGW_NOFSYNC, self.put_kvgw(self.kvgw_nofsync, KVGW_NOFSYNC, size, c)),
+                        (RAW_WRITE_NOFSYNC, self.put_raw(RAW_WRITE_NOFSYNC, size, c, fsync=False))]))
+        for size in sizes:
+            for c in clients:
+                out.append(Cell("GET", size, c, [(KVGW, self.get_kvgw(size, c)), (NGINX, self.get_nginx(size, c)),
+                                                 (RAW_READ, self.get_raw(size, c))]))
+        for c in clients:
+            out.append(Cell("meta", 0, c, [(KVGW, self.meta_kvgw("HEAD", c)), (FASTAPI, self.head_fastapi(c)),
+                                           (KVGW, self.meta_kvgw("exists", c)), (KVGW, self.meta_kvgw("prefix", c))]))
+        return out
+
+    # -- special phases --
+
+    def selfcheck(self) -> dict[str, Any]:
+        """How much one load-generator thread can sink (nginx, biggest chunk) and how many small
+        requests the load generator can issue (nginx, 8 clients, a tiny file): the ceiling the load
+        generator puts on every figure below."""
+        size = max(self.www_files)
+        reqs = [Request("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
+        one = run_load(self.nginx.address, lambda i, seq: reqs[seq % len(reqs)], 1, duration=self.duration())
+        probe = Request("HEAD", "/probe")
+        many = run_load(self.nginx.address, lambda i, seq: probe, 8, duration=self.duration())
+        return {
+            "one_client_get_bytes_per_s": one.bytes_per_s, "one_client_get_size": size,
+            "one_client_get_client_cpu_per_gib": one.client_cpu / max(one.bytes / GiB, 1e-9),
+            "head_8_clients_per_s": many.ops_per_s, "errors": one.errors + many.errors,
+        }
+
+    def rss_phase(self) -> dict[str, Any]:
+        """VmHWM (peak RSS) and sampled VmRSS of the gateway while RSS_CLIENTS clients GET RSS_CHUNK
+        chunks at once. The peak is reset (clear_refs) just before, so earlier phases do not count."""
+        pid = self.kvgw.pids()[0]
+        reset = procstat.reset_peak_rss(pid)
+        before = procstat.memory_bytes(pid)
+        samples: list[dict[str, int]] = []
+        stop = threading.Event()
+
+        def sampler() -> None:
+            while not stop.wait(0.02):
+                samples.append(procstat.memory_bytes(pid))
+
+        make = self.get_request_maker(RSS_CHUNK)
+        thread = threading.Thread(target=sampler, daemon=True)
+        thread.start()
+        try:
+            stats = run_load(self.kvgw.address, make, RSS_CLIENTS, duration=max(self.duration(), 1.0))
+        finally:
+            stop.set()
+            thread.join()
+        after = procstat.memory_bytes(pid)
+        rss = [s.get("VmRSS", 0) for s in samples] or [after.get("VmRSS", 0)]
+        anon = [s.get("RssAnon", 0) for s in samples] or [0]
+        return {
+            "clients": RSS_CLIENTS, "size": RSS_CHUNK, "peak_reset": reset,
+            "rss_before": before.get("VmRSS", 0), "vm_hwm": after.get("VmHWM", 0),
+            "rss_sampled_max": max(rss), "rss_sampled_median": statistics.median(rss),
+            "rss_anon_sampled_max": max(anon), "rss_file_at_end": after.get("RssFile", 0),
+            "bytes_per_s": stats.bytes_per_s, "errors": stats.errors, "error_samples": stats.error_samples,
+        }
+
+
+# -- summarising -----------------------------------------------------------------------------------
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+@dataclass
+class Figure:
+    """Medians over rounds of one (target, op, size, clients)."""
+
+    target: str
+    op: str
+    size: int
+    clients: int
+    rounds: int
+    ops_per_s: float
+    bytes_per_s: float
+    p50: float
+    p99: float
+    cpu_per_gib: float | None
+    errors: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def summarise(samples: Sequence[Sample]) -> dict[tuple[str, str, int, int], Figure]:
+    groups: dict[tuple[str, str, int, int], list[Sample]] = {}
+    for s in samples:
+        groups.setdefault((s.target, s.op, s.size, s.clients), []).append(s)
+    out: dict[tuple[str, str, int, int], Figure] = {}
+    for key, group in groups.items():
+        cpu = [s.cpu_per_gib for s in group if s.cpu_per_gib is not None]
+        out[key] = Figure(
+            *key, rounds=len(group),
+            ops_per_s=median([s.stats.ops_per_s for s in group]),
+            bytes_per_s=median([s.stats.bytes_per_s for s in group]),
+            p50=median([s.stats.percentile(0.5) for s in group]),
+            p99=median([s.stats.percentile(0.99) for s in group]),
+            cpu_per_gib=median(cpu) if cpu else None,
+            errors=sum(s.stats.errors for s in group),
+        )
+    return out
+
+
+def paired_ratio(samples: Sequence[Sample], a: tuple[str, str], b: tuple[str, str], size: int, clients: int,
+                 value: Callable[[Sample], float | None]) -> float | None:
+    """Median over rounds of value(a) / value(b), a and b being (target, op) measured in the same round."""
+    by_round: dict[int, dict[tuple[str, str], Sample]] = {}
+    for s in samples:
+        if s.size == size and s.clients == clients:
+            by_round.setdefault(s.round, {})[(s.target, s.op)] = s
+    ratios = []
+    for got in by_round.values():
+        if a in got and b in got:
+            va, vb = value(got[a]), value(got[b])
+            if va is not None and vb:
+                ratios.append(va / vb)
+    return median(ratios) if ratios else None
+
+
+def throughput(s: Sample) -> float:
+    return s.stats.bytes_per_s
+
+
+def rate(s: Sample) -> float:
+    return s.stats.ops_per_s
+
+
+def p50(s: Sample) -> float:
+    return s.stats.percentile(0.5)
+
+
+def cpu_per_gib(s: Sample) -> float | None:
+    return s.cpu_per_gib
+
+
+@dataclass
+class Target:
+    name: str
+    value: float | None
+    limit: float
+    higher_is_better: bool
+    unit: str = "x"
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "n/a"
+        ok = self.value >= self.limit if self.higher_is_better else self.value <= self.limit
+        return "PASS" if ok else "FAIL"
+
+    def line(self) -> str:
+        shown = "not measured" if self.value is None else fmt_num(self.value, self.unit)
+        bound = (">=" if self.higher_is_better else "<=") + " " + fmt_num(self.limit, self.unit)
+        return f"{self.verdict:4}  {self.name}: {shown} (target {bound}){self.note}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "limit": self.limit, "verdict": self.verdict,
+                "higher_is_better": self.higher_is_better, "unit": self.unit}
+
+
+def targets(samples: Sequence[Sample], rss: dict[str, Any] | None) -> list[Target]:
+    mb8 = 8 * MiB
+    out = [
+        Target("GET 8 MiB, 8 clients: kvgw / nginx throughput",
+               paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), mb8, 8, throughput), 0.70, True),
+        Target("GET 8 MiB, 8 clients: server CPU per GiB, kvgw / nginx",
+               paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), mb8, 8, cpu_per_gib), 2.0, False),
+    ]
+    for c in (1, 8):
+        out.append(Target(f"PUT 8 MiB, {c} client{'s' if c > 1 else ''}: kvgw / raw write+fsync+link",
+                          paired_ratio(samples, (KVGW, "PUT"), (RAW_WRITE, "PUT"), mb8, c, throughput), 0.60, True))
+    out.append(Target("HEAD, 8 clients: kvgw / FastAPI dict route rate",
+                      paired_ratio(samples, (KVGW, "HEAD"), (FASTAPI, "HEAD"), 0, 8, rate), 0.75, True))
+    for op in ("exists", "prefix"):
+        out.append(Target(f"{op} of {META_KEYS} keys, 1 client: p50 latency / one HEAD's p50",
+                          paired_ratio(samples, (KVGW, f"{op} {META_KEYS} keys"), (KVGW, "HEAD"), 0, 1, p50),
+                          2.0, False))
+    peak = None if rss is None else float(rss["vm_hwm"] if rss["peak_reset"] else rss["rss_sampled_max"])
+    out.append(Target(f"gateway peak RSS serving {RSS_CLIENTS} concurrent {RSS_CHUNK // MiB} MiB GETs", peak,
+                      RSS_LIMIT_BYTES, False, unit="B"))
+    return out
+
+
+# -- formatting ------------------------------------------------------------------------------------
+
+def fmt_size(n: int) -> str:
+    if n and n % MiB == 0:
+        return f"{n // MiB} MiB"
+    if n and n % 1024 == 0:
+        return f"{n // 1024} KiB"
+    return f"{n} B" if n else "-"
+
+
+def fmt_num(v: float, unit: str) -> str:
+    if unit == "B":
+        return f"{v / 1e6:.0f} MB ({v / MiB:.0f} MiB)"
+    return f"{v:.2f}{unit}"
+
+
+def fmt_ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}"
+
+
+def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], Figure], args: argparse.Namespace,
+           tgts: list[Target], rss: dict[str, Any] | None, selfcheck: dict[str, Any]) -> str:
+    lines: list[str] = []
+    add = lines.append
+    add(f"Throughput (MB/s = 10^6 B/s), medians of {args.rounds} interleaved rounds of {args.duration:g} s; "
+        "ratio = median of per-round kvgw/baseline")
+    add("")
+    add("| op | size | clients | kvgw MB/s | kvgw p50 / p99 ms | baseline | baseline MB/s | baseline p50 / p99 ms "
+        "| kvgw / baseline |")
+    add("|---|---|---|---|---|---|---|---|---|")
+    pairs = [("PUT", KVGW, RAW_WRITE), ("PUT", KVGW_NOFSYNC, RAW_WRITE_NOFSYNC), ("GET", KVGW, NGINX),
+             ("GET", KVGW, RAW_READ)]
+    for op, mine, base in pairs:
+        for size in args.sizes:
+            for c in args.clients:
+                k, b = figures.get((mine, op, size, c)), figures.get((base, op, size, c))
+                if k is None or b is None:
+                    continue
+                ratio = paired_ratio(samples, (mine, op), (base, op), size, c, throughput)
+                err = f" ({k.errors} errors!)" if k.errors else ""
+                berr = f" ({b.errors} errors!)" if b.errors else ""
+                add(f"| {op}{' (no fsync)' if mine == KVGW_NOFSYNC else ''} | {fmt_size(size)} | {c} "
+                    f"| {k.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} "
+                    f"| {b.bytes_per_s / 1e6:.0f}{berr} | {fmt_ms(b.p50)} / {fmt_ms(b.p99)} | {fmt_ratio(ratio)} |")
+    add("")
+    add("Server CPU per GiB served by GET (process utime+stime; nginx = master + workers)")
+    add("")
+    add("| size | clients | kvgw CPU s/GiB | nginx CPU s/GiB | kvgw / nginx |")
+    add("|---|---|---|---|---|")
+    for size in args.sizes:
+        for c in args.clients:
+            k, b = figures.get((KVGW, "GET", size, c)), figures.get((NGINX, "GET", size, c))
+            if k is None or b is None or k.cpu_per_gib is None or b.cpu_per_gib is None:
+                continue
+            ratio = paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
+            add(f"| {fmt_size(size)} | {c} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} | {fmt_ratio(ratio)} |")
+    add("")
+    add(f"Small calls (exists / prefix carry {META_KEYS} keys, all present; HEAD cycles over the same keys)")
+    add("")
+    add("| op | clients | kvgw calls/s | kvgw p50 / p99 ms | vs FastAPI HEAD (calls/s) | rate ratio "
+        "| p50 latency / kvgw HEAD p50 |")
+    add("|---|---|---|---|---|---|---|")
+    for c in args.clients:
+        for op in ("HEAD", f"exists {META_KEYS} keys", f"prefix {META_KEYS} keys"):
+            k = figures.get((KVGW, op, 0, c))
+            if k is None:
+                continue
+            err = f" ({k.errors} errors!)" if k.errors else ""
+            base, ratio_text, lat = "-", "-", "1"
+            if op == "HEAD":
+                f = figures.get((FASTAPI, "HEAD", 0, c))
+                base = "-" if f is None else f"{f.ops_per_s:.0f} (p50 {fmt_ms(f.p50)} ms)"
+                ratio_text = fmt_ratio(paired_ratio(samples, (KVGW, "HEAD"), (FASTAPI, "HEAD"), 0, c, rate))
+            else:
+                lat = fmt_ratio(paired_ratio(samples, (KVGW, op), (KVGW, "HEAD"), 0, c, p50))
+            add(f"| {op} | {c} | {k.ops_per_s:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} | {ratio_text} "
+                f"| {lat} |")
+    add("")
+    if rss is not None:
+        peak_note = "" if rss["peak_reset"] else " (lifetime peak: reset refused)"
+        rss_err = f", {rss['errors']} errors!" if rss["errors"] else ""
+        add(f"Gateway memory serving {rss['clients']} concurrent {rss['size'] // MiB} MiB GETs "
+            f"({rss['bytes_per_s'] / 1e6:.0f} MB/s{rss_err}): peak VmHWM {rss['vm_hwm'] / MiB:.0f} MiB{peak_note}, "
+            f"VmRSS sampled max {rss['rss_sampled_max'] / MiB:.0f} MiB / median "
+            f"{rss['rss_sampled_median'] / MiB:.0f} MiB (anon max {rss['rss_anon_sampled_max'] / MiB:.0f} MiB), "
+            f"idle before {rss['rss_before'] / MiB:.0f} MiB")
+        add("")
+    others = [s.others_cores for s in samples]
+    steal = [s.steal_cores for s in samples]
+    cpu = selfcheck["one_client_get_client_cpu_per_gib"]
+    add(f"Load generator: one client thread sank {selfcheck['one_client_get_bytes_per_s'] / 1e9:.2f} GB/s of "
+        f"{fmt_size(selfcheck['one_client_get_size'])} GETs from nginx, using {cpu:.2f} CPU s/GiB (so "
+        f"{GiB / cpu / 1e9 if cpu else float('nan'):.1f} GB/s per core it gets); 8 clients issued "
+        f"{selfcheck['head_8_clients_per_s']:.0f} HEAD/s to nginx.")
+    if others:
+        add(f"Machine noise: other processes kept {median(others):.2f} cores busy (median over measurements, "
+            f"max {max(others):.2f}) of {os.cpu_count()}; steal {median(steal):.2f} cores.")
+    add("")
+    add("Targets:")
+    for t in tgts:
+        add("  " + t.line())
+    errors = sum(s.stats.errors for s in samples)
+    if errors:
+        add(f"  !!  {errors} requests failed during the measurements (see above and the JSON)")
+    return "\n".join(lines)
+
+
+# -- entry point -----------------------------------------------------------------------------------
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1024, "M": MiB, "G": GiB}.get(text[-1:], 0)
+    number = text[:-1] if scale else text
+    return int(float(number) * (scale or MiB))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvgw bench io", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--sizes", default="1,8,32", help="chunk sizes, MiB unless suffixed K/M/G (default 1,8,32)")
+    p.add_argument("--clients", default="1,8", help="concurrent clients (default 1,8)")
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported (default 3)")
+    p.add_argument("--objects", type=int, default=8, help="distinct chunks per size that GETs cycle over (default 8)")
+    p.add_argument("--data-dir", type=Path, default=Path("."),
+                   help="where the temp dir for kvgw, nginx's files and the raw baselines goes (the disk measured)")
+    p.add_argument("--compare-no-fsync", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure PUT against a --no-fsync gateway and raw writes without fsync")
+    p.add_argument("--quick", action="store_true", help="smoke run: 8 MiB only, 1 round of 0.5 s")
+    p.add_argument("--json", type=Path, help="write every figure (each round, medians, targets) here")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data) afterwards")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.sizes, args.duration, args.rounds, args.objects = "8", 0.5, 1, 4
+    try:
+        args.sizes = sorted({parse_size(s) for s in str(args.sizes).split(",") if s.strip()})
+        args.clients = sorted({int(c) for c in str(args.clients).split(",") if c.strip()})
+    except ValueError as exc:
+        print(f"kvgw bench io: {exc}", file=sys.stderr)
+        return 2
+    if not args.sizes or not args.clients or min(args.clients) < 1 or args.rounds < 1 or args.duration <= 0:
+        print("kvgw bench io: need sizes, clients >= 1, rounds >= 1 and a positive duration", file=sys.stderr)
+        return 2
+    nginx_bin = find_nginx()
+    if nginx_bin is None:
+        print("kvgw bench io: nginx is not installed (it is the GET baseline)", file=sys.stderr)
+        return 2
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kvgw-bench-io-", dir=args.data_dir)).resolve()
+    started = dt.datetime.now(dt.UTC)
+    load_before = os.getloadavg()
+    procs: list[Any] = []
+    try:
+        kvgw = KvgwServer(work / "kvgw").start()
+        procs.append(kvgw)
+        nofsync = KvgwServer(work / "kvgw-nofsync", fsync=False).start() if args.compare_no_fsync else None
+        if nofsync is not None:
+            procs.append(nofsync)
+        (work / "www").mkdir()
+        (work / "www" / "probe").write_bytes(b"ok")
+        nginx = Nginx(nginx_bin, work / "www", work / "nginx").start("/probe")
+        procs.append(nginx)
+        fastapi = FastAPIApp(work / "fastapi", META_KEYS, META_CHUNK_BYTES).start()
+        procs.append(fastapi)
+        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi)
+        print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "
+              f"{', '.join(fmt_size(s) for s in args.sizes)}, clients {args.clients}, {args.rounds} rounds of "
+              f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}", flush=True)
+        bench.preload(sorted({*args.sizes, RSS_CHUNK}))
+        bench.check_meta()
+        selfcheck = bench.selfcheck()
+        cells = bench.cells()
+        for rnd in range(args.rounds):
+            t0 = time.monotonic()
+            for cell in cells:
+                runs = cell.runs if rnd % 2 == 0 else list(reversed(cell.runs))
+                for _, run in runs:
+                    run(rnd)
+            print(f"  round {rnd + 1}/{args.rounds} done in {time.monotonic() - t0:.0f} s", flush=True)
+        rss = bench.rss_phase()
+        samples = bench.samples
+        figures = summarise(samples)
+        tgts = targets(samples, rss)
+        text = report(samples, figures, args, tgts, rss, selfcheck)
+        print()
+        print(text)
+        finished = dt.datetime.now(dt.UTC)
+        if args.json is not None:
+            doc = {
+                "command": "kvgw bench io " + " ".join(argv),
+                "started": started.isoformat(), "finished": finished.isoformat(),
+                "config": {"sizes": args.sizes, "clients": args.clients, "duration_s": args.duration,
+                           "rounds": args.rounds, "objects": args.objects, "compare_no_fsync": args.compare_no_fsync},
+                "environment": {"cores": os.cpu_count(), "loadavg_before": load_before,
+                                "loadavg_after": os.getloadavg(), "python": platform.python_version(),
+                                "kernel": platform.release(), "nginx": nginx.version(),
+                                "filesystem": _fs_type(work), "work_dir": str(work)},
+                "loadgen_selfcheck": selfcheck,
+                "samples": [s.as_dict() for s in samples],
+                "medians": [f.as_dict() for f in figures.values()],
+                "rss": rss,
+                "targets": [t.as_dict() for t in tgts],
+            }
+            args.json.write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"\nfigures written to {args.json}")
+        failed = any(t.verdict == "FAIL" for t in tgts)
+        errors = sum(s.stats.errors for s in samples) + rss["errors"] + selfcheck["errors"]
+        return 1 if failed or errors else 0
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _fs_type(path: Path) -> str:
+    """Filesystem type and device holding ``path`` (from /proc/self/mounts, longest mount prefix)."""
+    best = ("", "?", "?")
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            dev, mnt, fstype, *_ = line.split()
+            if (str(path) + "/").startswith(mnt.rstrip("/") + "/") and len(mnt) >= len(best[0]):
+                best = (mnt, fstype, dev)
+    return f"{best[1]} on {best[2]}"

@@ -1,0 +1,441 @@
+"""``kvgw bench lmcache``: the same KV chunks stored and retrieved through LMCache 0.5.6's own storage
+paths, in one run, against five storage targets on this machine:
+
+    (a) kvgw's connector                   remote-storage plugin, native API, no prefetcher
+    (b) kvgw's connector, prefetcher warm  the lookup staged the request's chunks before the retrieve
+    (c) LMCache's S3 connector -> kvgw     kvgw's S3 API (``s3://kvcache.localhost:PORT``)
+    (d) LMCache's S3 connector -> moto     ``moto_server``, the same connector and form
+    (e) LMCache's local-disk backend       a directory on the same disk as kvgw's data
+
+Every target is driven by ``gateway.bench.lmcache_engine.Worker``: LMCache's ``StorageManager`` used as
+``LMCacheEngine`` uses it (store = ``batched_put``; lookup = ``batched_contains``; retrieve = block
+mapping then ``batched_get`` per location). Chunks are ``--chunk-mib`` MiB of bfloat16 KV, requests
+``--chunks`` chunks long; every target stores the same contents under its own keys, and the first
+retrieve of every request is checked byte for byte.
+
+Measured per target and cache state:
+
+* store MB/s: ``batched_put`` of every request until the backend holds all chunks;
+* get MB/s: ``--rounds`` passes of lookup + retrieve per request; only the retrieve is timed;
+* get p50 / p99: one chunk per ``batched_get`` call (``location`` given, no lookup), every chunk.
+
+``--cache warm`` reads what the page cache holds (everything was just written); ``--cache cold``
+syncs and drops the page cache of every chunk file (``posix_fadvise(DONTNEED)``, kvgw's chunk
+directory and LMCache's disk directory) before each request; moto keeps objects in its own memory,
+so (d) is always warm. Targets: (a) >= 70% of (e), (b) >= (e), (c) >= 3x (d), on get MB/s.
+Exit status 1 when a target fails or a target could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.baselines import free_port, stop_process, tail
+
+MiB = 1 << 20
+ACCESS_KEY = "KVBENCHLMCACHEACCESS"
+SECRET_KEY = "kvgw-bench-lmcache-secret-key-0123456789"
+MOTO_KEY = "testing"
+BUCKET = "kvcache"
+VHOST_DOMAIN = "localhost"  # kvgw's S3 API and moto both take <bucket>.localhost as virtual-hosted
+
+
+# ---------------------------------------------------------------- servers
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], log: Path, ready: Callable[[], bool], env: dict[str, str] | None = None,
+             what: str = "server") -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
+            with contextlib.suppress(OSError):
+                if ready():
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not come up:\n{tail(log)}")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+def _http_status(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+@contextlib.contextmanager
+def kvgw_server(data_dir: Path, *, fsync: bool) -> Iterator[int]:
+    """``kvgw serve`` on its defaults (plus root credentials and ``localhost`` as the S3 base domain)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGW_")}
+    env.update(KVGW_ROOT_ACCESS_KEY=ACCESS_KEY, KVGW_ROOT_SECRET_KEY=SECRET_KEY, KVGW_LOG_LEVEL="warning",
+               KVGW_S3_API_BASE_DOMAIN=VHOST_DOMAIN)
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    if not fsync:
+        cmd.append("--no-fsync")
+    log = data_dir.parent / "kvgw.log"
+    with _process(cmd, log, lambda: _http_status(f"http://127.0.0.1:{port}/readyz") == 200, env, "kvgw serve"):
+        yield port
+
+
+@contextlib.contextmanager
+def moto(workdir: Path) -> Iterator[int]:
+    port = free_port()
+    exe = shutil.which("moto_server")
+    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    with _process([*cmd, "-H", "127.0.0.1", "-p", str(port)], workdir / "moto.log",
+                  lambda: _http_status(f"http://127.0.0.1:{port}/moto-api/") == 200, None, "moto_server"):
+        import boto3
+
+        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                     aws_access_key_id=MOTO_KEY, aws_secret_access_key=MOTO_KEY).create_bucket(Bucket=BUCKET)
+        yield port
+
+
+def resolves(name: str) -> bool:
+    try:
+        return any(info[4][0] == "127.0.0.1" for info in socket.getaddrinfo(name, None))
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- page cache
+
+
+def chunk_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def drop_page_cache(paths: Sequence[Path]) -> None:
+    """Write back and evict the cached pages of ``paths``: the next read goes to the disk."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# ---------------------------------------------------------------- measurements
+
+
+@dataclass
+class Result:
+    target: str
+    label: str
+    cache: str
+    store_mbps: float = 0.0
+    get_mbps: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    note: str = ""
+    error: str | None = None
+
+
+@dataclass
+class Target:
+    key: str
+    label: str
+    backend: str  # StorageManager backend name
+    make: Callable[[], Any]  # -> lmcache_engine.Worker
+    files: Callable[[], list[Path]]  # chunk files whose page cache "cold" drops
+    prefetch: bool = False
+    always_warm: str = ""  # why "cold" cannot apply
+    results: list[Result] = field(default_factory=list)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, int(q * len(ordered) + 0.999999) - 1))] if ordered else 0.0
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from gateway.bench import lmcache_engine as le
+
+        self.le = le
+        self.args = args
+        self.chunk_bytes = args.chunk_mib * MiB
+        self.request_bytes = self.chunk_bytes * args.chunks
+
+    def keys(self, target: Target, request: int) -> list[Any]:
+        return self.le.chunk_keys(self.args.chunks, seed=(ord(target.key) << 12) + request)
+
+    def fill(self, objs: list[Any], request: int) -> list[int]:
+        """The same contents for request ``request`` in every target."""
+        return list(self.le.random_fill_many(objs, seed=request))
+
+    def run(self, target: Target, caches: Sequence[str]) -> None:
+        args = self.args
+        worker = target.make()
+        try:
+            digests: list[list[int]] = []
+            store_s = 0.0
+            for r in range(args.requests):
+                keys = self.keys(target, r)
+                objs = worker.allocate(args.chunks)
+                digests.append(self.fill(objs, r))
+                t = time.perf_counter()
+                worker.store(keys, objs)
+                if not worker.wait_stored(target.backend, keys, timeout=300):
+                    raise RuntimeError("stores did not land within 300 s")
+                store_s += time.perf_counter() - t
+            store_mbps = args.requests * self.request_bytes / max(store_s, 1e-9) / 1e6
+            for cache in caches:
+                result = Result(target.key, target.label, cache, store_mbps=store_mbps)
+                if cache == "cold" and target.always_warm:
+                    result.note = target.always_warm
+                try:
+                    self._retrieve(worker, target, cache, digests, result)
+                except Exception as exc:  # report and go on with the next target
+                    result.error = f"{type(exc).__name__}: {exc}"
+                target.results.append(result)
+        finally:
+            worker.close()
+
+    def _staged(self, worker: Any, target: Target, keys: list[Any]) -> None:
+        """Wait until the lookup's staging is complete: the prefetcher is warm."""
+        conn = worker.backend(target.backend).connection.getWrappedConnector()
+        names = [conn.name_of(k) for k in keys]
+        deadline = time.monotonic() + 60
+        while not all(conn.prefetcher.ready(n) for n in names):
+            if time.monotonic() > deadline:
+                raise RuntimeError("staging did not finish within 60 s")
+            time.sleep(0.0005)
+
+    def _retrieve(self, worker: Any, target: Target, cache: str, digests: list[list[int]], result: Result) -> None:
+        args, le = self.args, self.le
+        elapsed = 0.0
+        moved = 0
+        for rnd in range(args.rounds):
+            for r in range(args.requests):
+                keys = self.keys(target, r)
+                if cache == "cold":
+                    drop_page_cache(target.files())
+                if worker.lookup(keys) != len(keys):
+                    raise RuntimeError(f"lookup found {worker.lookup(keys)} of {len(keys)} chunks")
+                if target.prefetch:
+                    self._staged(worker, target, keys)
+                t = time.perf_counter()
+                got = worker.retrieve(keys, location=target.backend)
+                elapsed += time.perf_counter() - t
+                try:
+                    if len(got) != len(keys):
+                        raise RuntimeError(f"retrieved {len(got)} of {len(keys)} chunks")
+                    if rnd == 0 and [le.digest(o) for o in got] != digests[r]:
+                        raise RuntimeError(f"request {r}: retrieved chunks differ from the stored ones")
+                    moved += sum(o.get_size() for o in got)
+                finally:
+                    le.release(got)
+        result.get_mbps = moved / max(elapsed, 1e-9) / 1e6
+        latencies: list[float] = []
+        for r in range(args.requests):
+            keys = self.keys(target, r)
+            if cache == "cold":
+                drop_page_cache(target.files())
+            if target.prefetch:
+                worker.lookup(keys)
+                self._staged(worker, target, keys)
+            for key in keys:
+                t = time.perf_counter()
+                got = worker.storage.batched_get(keys=[key], location=target.backend)
+                latencies.append(time.perf_counter() - t)
+                if got[0] is None:
+                    raise RuntimeError("a single-chunk get returned nothing")
+                le.release(got)
+        result.p50_ms = 1000 * statistics.median(latencies)
+        result.p99_ms = 1000 * _percentile(latencies, 0.99)
+
+
+# ---------------------------------------------------------------- report
+
+
+TARGETS = (("a", "e", 0.7, "(a) >= 70% of (e)"), ("b", "e", 1.0, "(b) >= (e)"), ("c", "d", 3.0, "(c) >= 3x (d)"))
+
+
+def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[str, bool]:
+    lines = [header, ""]
+    lines.append(f"{'cache':<6}{'target':<44}{'store MB/s':>11}{'get MB/s':>10}{'get p50 ms':>11}{'get p99 ms':>11}")
+    by_key: dict[tuple[str, str], Result] = {}
+    for cache in caches:
+        for t in targets:
+            for r in t.results:
+                if r.cache != cache:
+                    continue
+                by_key[(cache, t.key)] = r
+                if r.error:
+                    lines.append(f"{cache:<6}{'(' + t.key + ') ' + t.label:<44}  error: {r.error}")
+                    continue
+                note = f"  ({r.note})" if r.note else ""
+                lines.append(f"{cache:<6}{'(' + t.key + ') ' + t.label:<44}{r.store_mbps:>11.0f}{r.get_mbps:>10.0f}"
+                             f"{r.p50_ms:>11.2f}{r.p99_ms:>11.2f}{note}")
+    lines += ["", "targets (get MB/s):"]
+    ok = True
+    for cache in caches:
+        for num, den, need, text in TARGETS:
+            a, b = by_key.get((cache, num)), by_key.get((cache, den))
+            if a is None or b is None or a.error or b.error or b.get_mbps <= 0:
+                lines.append(f"{cache:<6}{text:<22} n/a (a target did not run)")
+                ok = False
+                continue
+            ratio = a.get_mbps / b.get_mbps
+            verdict = "PASS" if ratio >= need else "FAIL"
+            ok = ok and verdict == "PASS"
+            lines.append(f"{cache:<6}{text:<22}{a.get_mbps:>8.0f} / {b.get_mbps:<8.0f} = {ratio:5.2f}   {verdict}"
+                         f"   (p50 {a.p50_ms:.2f} vs {b.p50_ms:.2f} ms)")
+    return "\n".join(lines), ok
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kvgw bench lmcache", description=__doc__.split("\n\n")[0] if __doc__ else "")
+    p.add_argument("--chunk-mib", type=int, default=8, help="chunk size in MiB (default 8)")
+    p.add_argument("--chunks", type=int, default=16, help="chunks per request (default 16)")
+    p.add_argument("--requests", type=int, default=4, help="requests stored and retrieved (default 4)")
+    p.add_argument("--rounds", type=int, default=3, help="retrieve passes over all requests (default 3)")
+    p.add_argument("--cache", choices=["warm", "cold", "both"], default="both")
+    p.add_argument("--only", default="abcde", help="targets to run, e.g. 'ae' (default abcde)")
+    p.add_argument("--no-fsync", action="store_true", help="run kvgw with --no-fsync (LMCache's disk never fsyncs)")
+    p.add_argument("--workdir", type=Path, help="where kvgw's data and LMCache's disk cache go (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    return p.parse_args(list(argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    try:
+        from gateway.bench import lmcache_engine as le
+    except ImportError as exc:
+        print(f"kvgw bench lmcache needs LMCache 0.5.6 (.ci/install-lmcache.sh): {exc}", file=sys.stderr)
+        return 2
+    caches = ["warm", "cold"] if args.cache == "both" else [args.cache]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgw-bench-lmcache-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    kvgw_dir, disk_dir = workdir / "kvgw-data", workdir / "lmcache-disk"
+    disk_dir.mkdir(exist_ok=True)
+    bench = Bench(args)
+    pool_gb = 3.2 * bench.request_bytes / (1 << 30) + 0.1
+    vhost = f"{BUCKET}.{VHOST_DOMAIN}"
+    targets: list[Target] = []
+    moto_error = ""
+    try:
+        with contextlib.ExitStack() as stack:
+            port = stack.enter_context(kvgw_server(kvgw_dir, fsync=not args.no_fsync))
+            url = f"http://127.0.0.1:{port}"
+            kvgw_files = lambda: chunk_files(kvgw_dir / "fs" / "chunks")  # noqa: E731
+
+            def kvgw_worker(prefetch: int) -> Callable[[], Any]:
+                def make() -> Any:
+                    extra = le.kvgw_plugin_extra(url, BUCKET, access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+                                                 prefetch_bytes=prefetch)
+                    config = le.engine_config(cpu_gb=pool_gb, extra=extra, remote_storage_plugins=[le.KVGW_PLUGIN])
+                    return le.Worker(config, le.make_metadata(args.chunk_mib))
+                return make
+
+            def s3_worker(endpoint: str, access: str, secret: str) -> Callable[[], Any]:
+                def make() -> Any:
+                    config = le.engine_config(cpu_gb=pool_gb, extra=le.s3_connector_extra(access, secret),
+                                              remote_url=endpoint)
+                    return le.Worker(config, le.make_metadata(args.chunk_mib))
+                return make
+
+            def disk_worker() -> Any:
+                config = le.engine_config(cpu_gb=pool_gb, local_disk=f"file://{disk_dir}/",
+                                          max_local_disk_size=2 * args.requests * bench.request_bytes / (1 << 30) + 1)
+                return le.Worker(config, le.make_metadata(args.chunk_mib))
+
+            can_vhost = resolves(vhost)
+            s3_note = "" if can_vhost else f"{vhost} does not resolve: add '127.0.0.1 {vhost}' to /etc/hosts"
+            if "a" in args.only:
+                targets.append(Target("a", "kvgw connector", le.REMOTE_KVGW, kvgw_worker(0), kvgw_files))
+            if "b" in args.only:
+                targets.append(Target("b", "kvgw connector, prefetcher warm", le.REMOTE_KVGW,
+                                      kvgw_worker(int(1.25 * bench.request_bytes)), kvgw_files, prefetch=True))
+            if "c" in args.only:
+                targets.append(Target("c", "LMCache S3 connector -> kvgw S3 API", le.REMOTE_URL,
+                                      s3_worker(f"s3://{vhost}:{port}", ACCESS_KEY, SECRET_KEY), kvgw_files))
+            if "d" in args.only:
+                try:
+                    moto_port = stack.enter_context(moto(workdir))
+                except Exception as exc:  # no moto: (d) reports why, the rest still runs
+                    moto_error = f"moto_server did not start: {exc}"
+                    moto_port = 0
+                else:
+                    moto_error = ""
+                targets.append(Target("d", "LMCache S3 connector -> moto", le.REMOTE_URL,
+                                      s3_worker(f"s3://{vhost}:{moto_port}", MOTO_KEY, MOTO_KEY), lambda: [],
+                                      always_warm="moto keeps objects in memory"))
+            if "e" in args.only:
+                targets.append(Target("e", "LMCache local-disk backend", le.LOCAL_DISK, disk_worker,
+                                      lambda: chunk_files(disk_dir)))
+            for target in targets:
+                skip = s3_note if target.key in "cd" else ""
+                skip = skip or (moto_error if target.key == "d" else "")
+                if skip:
+                    target.results = [Result(target.key, target.label, c, error=skip) for c in caches]
+                    continue
+                print(f"running ({target.key}) {target.label} ...", file=sys.stderr, flush=True)
+                try:
+                    bench.run(target, caches)
+                except Exception as exc:
+                    target.results = [Result(target.key, target.label, c, error=f"{type(exc).__name__}: {exc}")
+                                      for c in caches]
+        same_disk = os.stat(kvgw_dir).st_dev == os.stat(disk_dir).st_dev
+        import torch
+
+        header = (
+            f"kvgw bench lmcache: {args.requests} requests x {args.chunks} chunks x {args.chunk_mib} MiB "
+            f"({args.requests * bench.request_bytes / MiB:.0f} MiB), {args.rounds} retrieve rounds; "
+            f"LMCache {_version('lmcache')}, torch {torch.__version__}, {os.cpu_count()} CPUs, {platform.machine()}\n"
+            f"kvgw fsync {'off' if args.no_fsync else 'on'}; kvgw data and LMCache disk cache "
+            f"{'on the same device' if same_disk else 'on DIFFERENT devices'} ({workdir})"
+        )
+        text, ok = report(targets, caches, header)
+        print(text)
+        return 0 if ok else 1
+    finally:
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _version(dist: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,348 @@
+"""``kvgw bench s3``: PUT/GET of 8 MiB objects through boto3 against kvgw's S3 API and moto, with
+kvgw's native API as the reference, all in one run on this machine.
+
+Targets, each at every client count (threads, one client or connection each):
+
+- ``kvgw-s3 boto3``: boto3 as an application uses it (default configuration: SigV4, CRC32 trailer
+  on PUT, checksum validation on GET), path-style;
+- ``moto boto3``: the same client code against ``moto_server`` (the S3 emulator people test with);
+- ``kvgw-native``: the native API through the shared load generator (``gateway.bench.loadgen``);
+- ``kvgw-s3 loadgen``: the S3 API through that same load generator, with requests SigV4-signed in
+  advance (UNSIGNED-PAYLOAD, as LMCache sends them). Against ``kvgw-native`` this isolates what the S3
+  front door costs on the server, since client and bytes are the same.
+
+Every PUT writes a new key (objects are write-once); GETs read back the keys the PUT phase wrote,
+round robin. GET phases alternate between the targets for ``--rounds`` rounds and the median round
+counts, so a noisy neighbour hits every target alike. Ratios are to ``kvgw-native`` at the same
+client count. Servers and clients share this host's CPUs (boto3 threads share one GIL), so absolute
+numbers depend on the machine; compare within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from gateway.bench.loadgen import Address, Op, Request, Stats, run_load, run_ops
+
+MiB = 1 << 20
+ACCESS_KEY = "KVBENCHROOTACCESSKEY"
+SECRET_KEY = "kvgw-bench-root-secret-key-0123456789"
+MOTO_KEY = "testing"
+BUCKET = "kvcache"
+NATIVE = "kvgw-native loadgen"
+S3_LOADGEN = "kvgw-s3 loadgen"
+S3_BOTO3 = "kvgw-s3 boto3"
+MOTO_BOTO3 = "moto boto3"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@contextlib.contextmanager
+def kvgw_server(workdir: Path, *, fsync: bool) -> Iterator[str]:
+    port = free_port()
+    log = workdir / "kvgw.log"
+    env = dict(os.environ, KVGW_ROOT_ACCESS_KEY=ACCESS_KEY, KVGW_ROOT_SECRET_KEY=SECRET_KEY, KVGW_LOG_LEVEL="warning",
+               KVGW_FSYNC="true" if fsync else "false")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+                                 "--data-dir", str(workdir / "kvgw-data")], stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/healthz", proc, log)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def moto_server(workdir: Path) -> Iterator[str]:
+    port = free_port()
+    log = workdir / "moto.log"
+    exe = shutil.which("moto_server")
+    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/moto-api/", proc, log)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def boto3_client(url: str, access_key: str, secret_key: str, clients: int) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3", endpoint_url=url, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=max(10, clients),
+                      retries={"max_attempts": 1, "mode": "standard"}),
+    )
+
+
+@dataclass
+class Result:
+    target: str
+    op: str
+    clients: int
+    stats: Stats
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.stats.bytes_per_s / 1e6
+
+
+class KeyLog:
+    """Keys written per target, for the GET phase to read back round robin."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.keys: list[str] = []
+
+    def add(self, key: str) -> None:
+        with self._lock:
+            self.keys.append(key)
+
+
+def boto3_put(target: str, url: str, access_key: str, secret_key: str, clients: int, payload: bytes,
+              duration: float, tag: str) -> tuple[Result, list[str]]:
+    written = KeyLog()
+    size = len(payload)
+
+    def open_put(i: int) -> Op:
+        client = boto3_client(url, access_key, secret_key, 1)
+
+        def op(seq: int) -> int:
+            key = f"bench-{tag}/c{clients}/t{i}/{seq}"
+            client.put_object(Bucket=BUCKET, Key=key, Body=payload)
+            written.add(key)
+            return size
+
+        return op
+
+    return Result(target, "PUT", clients, run_ops(open_put, clients, duration=duration)), written.keys
+
+
+def boto3_get(target: str, url: str, access_key: str, secret_key: str, clients: int, keys: list[str], size: int,
+              duration: float) -> Result:
+    def open_get(i: int) -> Op:
+        client = boto3_client(url, access_key, secret_key, 1)
+
+        def op(seq: int) -> int:
+            body = client.get_object(Bucket=BUCKET, Key=keys[(seq * clients + i) % len(keys)])["Body"]
+            got = len(body.read())
+            if got != size:
+                raise RuntimeError(f"short GET: {got} of {size}")
+            return got
+
+        return op
+
+    return Result(target, "GET", clients, run_ops(open_get, clients, duration=duration))
+
+
+def native_put(url: str, clients: int, payload: bytes, duration: float) -> tuple[Result, list[str]]:
+    auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
+    written = KeyLog()
+
+    def put_request(i: int, seq: int) -> Request:
+        key = f"native/c{clients}/t{i}/{seq}"
+        written.add(key)
+        return Request("PUT", f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}", body=payload, headers=[auth],
+                       expect=(201,))
+
+    stats = run_load(_address(url), put_request, clients, duration=duration)
+    return Result(NATIVE, "PUT", clients, stats), written.keys
+
+
+def native_get(url: str, clients: int, keys: list[str], size: int, duration: float) -> Result:
+    auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
+    gets = [Request("GET", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", headers=[auth]) for k in keys]
+    stats = run_load(_address(url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients, duration=duration,
+                     body_buffer_bytes=size)
+    return Result(NATIVE, "GET", clients, stats)
+
+
+def _address(url: str) -> Address:
+    host, _, port = url.removeprefix("http://").partition(":")
+    return host, int(port)
+
+
+def signed_request(url: str, method: str, key: str, body: bytes | None, expect: tuple[int, ...]) -> Request:
+    """A SigV4 (UNSIGNED-PAYLOAD) request built by botocore's signer, replayable for 15 minutes."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    path = f"/{BUCKET}/{quote(key, safe='/~')}"
+    request = AWSRequest(method=method, url=f"{url}{path}",
+                         headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+    if body is not None:
+        request.headers["Content-Length"] = str(len(body))
+
+    class UnsignedPayloadAuth(S3SigV4Auth):  # type: ignore[misc]
+        def _should_sha256_sign_payload(self, request: AWSRequest) -> bool:
+            return False
+
+    UnsignedPayloadAuth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(request)
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in ("content-length", "host")]
+    return Request(method, path, body=body, headers=headers, expect=expect)
+
+
+def loadgen_s3_put(url: str, clients: int, payload: bytes, tag: str, count: int) -> tuple[Result, list[str]]:
+    keys = [f"loadgen-{tag}/c{clients}/{n}" for n in range(max(count, clients * 4))]
+    puts = [signed_request(url, "PUT", k, payload, (200,)) for k in keys]
+    stats = run_load(_address(url), lambda i, seq: puts[seq], clients, count=len(puts))
+    return Result(S3_LOADGEN, "PUT", clients, stats), keys
+
+
+def loadgen_s3_get(url: str, clients: int, keys: list[str], size: int, duration: float) -> Result:
+    gets = [signed_request(url, "GET", k, None, (200,)) for k in keys]
+    stats = run_load(_address(url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients,
+                     duration=duration, body_buffer_bytes=size)
+    return Result(S3_LOADGEN, "GET", clients, stats)
+
+
+def median_result(rounds: list[Result]) -> Result:
+    """The round with the median throughput (GET rounds alternate between targets to share the noise)."""
+    ordered = sorted(rounds, key=lambda r: r.stats.bytes_per_s)
+    return ordered[len(ordered) // 2]
+
+
+def _table(results: list[Result]) -> str:
+    native = {(r.op, r.clients): r.mb_per_s for r in results if r.target == NATIVE}
+    moto = {(r.op, r.clients): r.mb_per_s for r in results if r.target == MOTO_BOTO3}
+    lines = [f"{'target':<22}{'op':<5}{'clients':>8}{'MB/s':>10}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+             f"{'errors':>7}{'/native':>9}{'/moto':>8}"]
+    for r in sorted(results, key=lambda r: (r.op, r.clients, r.target)):
+        ref = native.get((r.op, r.clients))
+        ref_moto = moto.get((r.op, r.clients))
+        ratio = f"{r.mb_per_s / ref:.2f}" if ref else "-"
+        ratio_moto = f"{r.mb_per_s / ref_moto:.2f}" if ref_moto else "-"
+        s = r.stats
+        lines.append(f"{r.target:<22}{r.op:<5}{r.clients:>8}{r.mb_per_s:>10.0f}{s.ops_per_s:>9.1f}"
+                     f"{s.percentile(0.5) * 1e3:>9.1f}{s.percentile(0.99) * 1e3:>9.1f}{s.errors:>7}"
+                     f"{ratio:>9}{ratio_moto:>8}")
+        for sample in s.error_samples[:2]:
+            lines.append(f"    error: {sample}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvgw bench s3", description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--size-mib", type=float, default=8.0, help="object size (default 8 MiB)")
+    parser.add_argument("--clients", default="1,8", help="client counts (default 1,8)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating GET rounds; the median counts (default 3)")
+    parser.add_argument("--no-fsync", action="store_true", help="run kvgw without fsync (default: fsync on)")
+    parser.add_argument("--skip-moto", action="store_true")
+    parser.add_argument("--workdir", type=Path, help="where servers keep data (default: a temp dir, removed)")
+    args = parser.parse_args(argv)
+    clients_list = [int(c) for c in args.clients.split(",") if c.strip()]
+    payload = os.urandom(int(args.size_mib * MiB))
+    results: list[Result] = []
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgw-bench-s3-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    tags = (f"r{n}" for n in itertools.count())
+    print(f"kvgw bench s3: {len(payload) / MiB:g} MiB objects, clients {clients_list}, {args.duration:g} s per "
+          f"phase, fsync {'off' if args.no_fsync else 'on'}, {os.cpu_count()} CPUs, workdir {workdir}", flush=True)
+    try:
+        with contextlib.ExitStack() as stack:
+            kvgw = stack.enter_context(kvgw_server(workdir, fsync=not args.no_fsync))
+            moto = None if args.skip_moto else stack.enter_context(moto_server(workdir))
+            if moto is not None:
+                boto3_client(moto, MOTO_KEY, MOTO_KEY, 1).create_bucket(Bucket=BUCKET)
+            size = len(payload)
+            for clients in clients_list:
+                print(f"  PUT, {clients} client(s): native, kvgw-s3 boto3, moto boto3, kvgw-s3 loadgen", flush=True)
+                os.sync()
+                native_result, native_keys = native_put(kvgw, clients, payload, args.duration)
+                results.append(native_result)
+                os.sync()
+                put, s3_keys = boto3_put(S3_BOTO3, kvgw, ACCESS_KEY, SECRET_KEY, clients, payload, args.duration,
+                                         next(tags))
+                results.append(put)
+                moto_keys: list[str] = []
+                if moto is not None:
+                    put, moto_keys = boto3_put(MOTO_BOTO3, moto, MOTO_KEY, MOTO_KEY, clients, payload, args.duration,
+                                               next(tags))
+                    results.append(put)
+                os.sync()
+                put, loadgen_keys = loadgen_s3_put(kvgw, clients, payload, next(tags), native_result.stats.ops)
+                results.append(put)
+                os.sync()
+                print(f"  GET, {clients} client(s): {args.rounds} alternating rounds", flush=True)
+                rounds: dict[str, list[Result]] = {}
+                for _ in range(args.rounds):
+                    phases: list[Callable[[], Result]] = [
+                        functools.partial(native_get, kvgw, clients, native_keys, size, args.duration),
+                        functools.partial(loadgen_s3_get, kvgw, clients, loadgen_keys, size, args.duration),
+                        functools.partial(boto3_get, S3_BOTO3, kvgw, ACCESS_KEY, SECRET_KEY, clients, s3_keys, size,
+                                          args.duration),
+                    ]
+                    if moto is not None and moto_keys:
+                        phases.append(functools.partial(boto3_get, MOTO_BOTO3, moto, MOTO_KEY, MOTO_KEY, clients,
+                                                        moto_keys, size, args.duration))
+                    for phase in phases:
+                        result = phase()
+                        rounds.setdefault(result.target, []).append(result)
+                results.extend(median_result(r) for r in rounds.values())
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print()
+    print(_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

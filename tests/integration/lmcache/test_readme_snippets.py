@@ -1,0 +1,113 @@
+"""The configuration snippets of README.md's "## LMCache" section, as written there, loaded by LMCache
+itself and used for a round trip against a real ``kvgw serve``: only the gateway's address, the
+credentials and the memory sizes are replaced for the test."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lmcache.v1.config import LMCacheEngineConfig
+
+from gateway.bench import lmcache_engine as le
+from tests.conftest import REPO, ROOT_AK, ROOT_SK, ServerProcess
+
+DOC_HOST = "kvgw.internal:8080"
+
+
+def lmcache_section() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("\n## LMCache\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def yaml_snippets() -> list[dict[str, Any]]:
+    return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", lmcache_section(), re.S)]
+
+
+def l2_snippets() -> list[dict[str, Any]]:
+    return [json.loads(spec) for spec in re.findall(r"--l2-adapter '(\{.*?\})'", lmcache_section(), re.S)]
+
+
+def as_written(doc: dict[str, Any], server: ServerProcess, tmp_path: Path, host: str) -> LMCacheEngineConfig:
+    text = json.dumps(doc).replace(DOC_HOST, f"{host}:{server.port}")
+    text = text.replace('"KVGW..."', json.dumps(ROOT_AK)).replace('"..."', json.dumps(ROOT_SK))
+    doc = json.loads(text)
+    doc["max_local_cpu_size"] = 0.1
+    doc["local_cpu"] = False  # every get goes to kvgw
+    path = tmp_path / "lmcache.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return LMCacheEngineConfig.from_file(str(path))
+
+
+def round_trip(worker: le.Worker, backend: str, seed: int) -> None:
+    keys = le.chunk_keys(3, seed=seed)
+    objs = worker.allocate(3)
+    digests = le.random_fill_many(objs, seed)
+    worker.store(keys, objs)
+    assert worker.wait_stored(backend, keys, timeout=30)
+    assert worker.lookup(keys) == 3
+    got = worker.retrieve(keys)
+    assert [le.digest(o) for o in got] == digests
+    le.release(got)
+
+
+def test_the_readme_has_the_snippets_this_test_checks() -> None:
+    assert len(yaml_snippets()) == 2 and len(l2_snippets()) == 2
+
+
+def test_connector_yaml(shared_server: ServerProcess, tmp_path: Path, seed: int) -> None:
+    doc = yaml_snippets()[0]
+    assert doc["remote_storage_plugins"] == ["kvgw"]
+    worker = le.Worker(as_written(doc, shared_server, tmp_path, "127.0.0.1"), le.make_metadata(1))
+    try:
+        assert worker.backend(le.REMOTE_KVGW).connection is not None, "the kvgw plugin did not load"
+        round_trip(worker, le.REMOTE_KVGW, seed)
+    finally:
+        worker.close()
+
+
+def test_s3_connector_yaml(s3_gateway: ServerProcess, vhost: str, tmp_path: Path, seed: int) -> None:
+    doc = yaml_snippets()[1]
+    assert doc["remote_url"].startswith("s3://kvcache.")
+    text = json.dumps(doc).replace(f"kvcache.{DOC_HOST}", f"{vhost}:{s3_gateway.port}")
+    worker = le.Worker(as_written(json.loads(text), s3_gateway, tmp_path, "127.0.0.1"), le.make_metadata(1))
+    try:
+        round_trip(worker, le.REMOTE_URL, seed)
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("which", ["kvgw", "s3"])
+def test_l2_adapter_json(
+    shared_server: ServerProcess, request: pytest.FixtureRequest, seed: int, which: str
+) -> None:
+    spec = next(s for s in l2_snippets() if (s["type"] == "s3") == (which == "s3"))
+    if which == "s3":
+        server: ServerProcess = request.getfixturevalue("s3_gateway")
+        vhost: str = request.getfixturevalue("vhost")
+        text = json.dumps(spec).replace(f"kvcache.{DOC_HOST}", f"{vhost}:{server.port}")
+    else:
+        server = shared_server
+        text = json.dumps(spec).replace(DOC_HOST, f"127.0.0.1:{server.port}")
+    text = text.replace('"KVGW..."', json.dumps(ROOT_AK)).replace('"..."', json.dumps(ROOT_SK))
+    driver = le.L2Driver(json.loads(text), chunk_mib=1, l1_bytes=32 << 20)
+    try:
+        keys = le.object_keys(3, seed=seed)
+        objs = driver.allocate(3)
+        digests = le.random_fill_many(objs, seed)
+        assert driver.store(keys, objs).is_successful()
+        driver.free(objs)
+        assert driver.lookup(keys) == [True] * 3
+        into = driver.allocate(3)
+        assert driver.load(keys, into) == [True] * 3
+        assert [le.digest(o) for o in into] == digests
+        driver.unlock(keys)
+        driver.free(into)
+    finally:
+        driver.close()
