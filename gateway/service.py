@@ -317,6 +317,20 @@ class ChunkService:
         self.events.stored(meta.bucket, digest, bit, meta.size, meta.expires, parent, now)
         return ChunkInfo.from_entry(entry)
 
+    def touch(self, bucket: BucketPolicy, keys: Sequence[str]) -> int:
+        """Record reads that bypassed the gateway (clients reading chunk files directly from a shared
+        tier directory), so eviction still sees them. Returns how many keys were indexed and alive."""
+        now = self.clock()
+        digests = [chunk_digest(bucket.name, k) for k in keys]
+        touched = 0
+        for digest, entry in zip(digests, self.index.get_many(digests), strict=True):
+            if entry is None or not entry.alive(now):
+                continue
+            self.index.touch(digest, now)
+            self.events.read(bucket.name, digest, TIER_FS if entry.tiers & TIER_FS else TIER_S3, now)
+            touched += 1
+        return touched
+
     async def chunk_meta(self, info: ChunkInfo) -> ChunkMeta:
         """The chunk's full recorded metadata (attrs included), from a tier that holds it."""
         digest = chunk_digest(info.bucket, info.key)

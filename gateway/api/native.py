@@ -8,6 +8,7 @@
     POST   /v1/buckets/{bucket}/prefix          {"keys": [...]} -> {"length": n}
     POST   /v1/buckets/{bucket}/batch-get       {"keys": [...]} -> framed stream (gateway.wire)
     POST   /v1/buckets/{bucket}/prefetch        {"keys": [...]} -> {"accepted", "local", "missing"}
+    POST   /v1/buckets/{bucket}/touch           {"keys": [...]} -> {"touched": n} (reads done elsewhere)
 
 Keys are the percent-encoded rest of the path after ``chunks/`` (they may contain ``/``). Errors are
 ``{"error": {"code", "message", "request_id"}}`` with the status from ``STATUS``; nothing else in
@@ -108,6 +109,7 @@ class NativeAPI:
             "prefix": self._prefix,
             "batch-get": self._batch_get,
             "prefetch": self._prefetch,
+            "touch": self._touch,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -305,6 +307,12 @@ class NativeAPI:
         result = await self.service.prefetch(bucket, keys)
         await self._send_json(req, send, {"accepted": result.accepted, "local": result.local,
                                           "missing": result.missing})
+
+    async def _touch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """Reads done elsewhere (direct reads of the tier directory) count for eviction too."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        keys = await self._keys(req)
+        await self._send_json(req, send, {"touched": self.service.touch(bucket, keys)})
 
     async def _send_json(self, req: Request, send: Send, doc: Any) -> None:
         headers = self._base_headers(req)

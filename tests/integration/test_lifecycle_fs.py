@@ -193,3 +193,17 @@ async def test_engine_state_is_rebuilt_from_the_index_at_start(tmp_path: Path, c
     finally:
         await second.stop()
         second.close()
+
+
+async def test_touches_of_direct_reads_count_for_eviction(gateway: Gateway, clock: Clock) -> None:
+    await gateway.start()
+    try:
+        bucket = await make_bucket(gateway, "b-touch", "lru")
+        await fill(gateway, clock, bucket, "abcdefghi")
+        clock.now += 1
+        assert gateway.service.touch(bucket, ["a", "b", "absent"]) == 2  # read from the directory directly
+        await fill(gateway, clock, bucket, "j")
+        await gateway.lifecycle.run_pass()
+        assert survivors(gateway, bucket, "abcdefghij") == "abefghij"
+    finally:
+        await gateway.stop()

@@ -174,6 +174,12 @@ def test_prefetch_answers_at_once(client: httpx.Client, server: ServerProcess) -
     assert r.json() == {"accepted": 0, "local": 1, "missing": 1}  # no S3 tier: nothing to stage
 
 
+def test_touch_records_reads_done_elsewhere(client: httpx.Client, server: ServerProcess) -> None:
+    put(client, server, "read-directly", b"x")
+    r = client.post(f"{server.url}/v1/buckets/kvcache/touch", json={"keys": ["read-directly", "absent"]})
+    assert r.status_code == 200 and r.json() == {"touched": 1}
+
+
 def test_batch_calls_reject_bad_bodies(client: httpx.Client, server: ServerProcess) -> None:
     base = f"{server.url}/v1/buckets/kvcache"
     for body in [b"not json", b'{"keys": "x"}', b'{"keys": [1, 2]}', b"[]"]:
