@@ -30,7 +30,7 @@ Contract (every policy in ``POLICIES``):
 * Time: ``now`` (seconds, any monotonic origin) is always passed in; no policy reads a clock.
 * Cost: every operation is O(1) or O(log n) amortised (heaps use lazy deletion and are compacted when
   stale entries outnumber live ones). Memory per cached key, measured with 16-byte keys (the keys
-  themselves not counted): lru 0.2 KB, lfu 0.3 KB, prefix-lru 0.4 KB, hit-density 1 KB (of which
+  themselves not counted): lru 0.2 KB, lfu 0.3 KB, prefix-lru 0.4 KB, hit-density 1.2 KB (of which
   0.6 KB is its history of evicted keys, which also keeps those key objects alive).
 * Threads: none. The engine calls a policy from one thread; no operation locks.
 

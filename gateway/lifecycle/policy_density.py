@@ -18,15 +18,27 @@ extrapolated as constant. From it each class gets a hit density per age: the bes
 P(reused within the horizon | unused so far) divided by the expected cache occupancy until then
 (a Gittins index for the reuse process; LHD, Beckmann et al. NSDI'18, uses the same notion).
 
-Victim: the least recently used *leaf* of each class (as in ``prefix-lru``, a chunk with a cached
-descendant in its learnt chain is never evicted: a prefix lookup would stop at the hole), and of those
-two the one with the lower hit density at its age. Until a class has seen ``_MIN_CLOSED`` intervals
-end, the older of the two goes (plain prefix-LRU).
+Partial tails. A chunk smaller than the largest chunk seen so far is the partial last block of a prompt:
+its hash covers a block that the next turn of the conversation fills further, so only an exact repeat
+of the prompt can hit it (on the Mooncake traces 1% and 5% of them are ever read again, against 24% and
+42% of new full chunks). Such chunks form a third class, TAIL, whose leaves are evicted first.
+
+Victim: among *leaves* only (as in ``prefix-lru``, a chunk with a cached descendant in its learnt chain
+is never evicted: a prefix lookup would stop at the hole), a TAIL leaf if there is one; otherwise, of
+the oldest and the youngest leaf of FRESH and of REUSED, the one with the lowest hit density at its
+age (ties: the older). Looking at both ends of each class is a cheap stand-in for LHD's sampling: a
+density that falls with age makes the oldest leaf the cheapest (LRU), one that rises makes it the
+youngest (a new chunk that is not admitted for long), and both shapes occur. The densities are used
+only once a class has seen ``_MIN_CLOSED`` intervals end and the tier has evicted at least half as many
+chunks as it holds: before that no interval as long as the residency has been observed and the density
+at the ages where evictions happen is extrapolation, so until then the oldest leaf goes (prefix-LRU).
 
 Cost: ``insert``/``touch``/``remove``/``victim`` are O(log n) amortised (lazy heaps, one dict lookup
-per history hit). Every ``max(256, n/4)`` inserts the densities are recomputed in O(B^2 + E), B = 80
-age buckets, E <= 64*(1 + history) epochs of open intervals, about a millisecond. Memory: about 0.35 KB per
-cached key plus 0.15 KB per remembered evicted key (``history`` = 4 of them per cached key).
+per history hit; ``victim`` reads five heap tops). Every ``max(256, n/4)`` inserts the densities are
+recomputed in O(B^2 + E), B = 80 age buckets, E <= 64*(1 + history) epochs of open intervals, about a
+millisecond. Memory, measured with 16-byte keys (keys not counted): about 1.2 KB per cached key, of
+which 0.6 KB is the history of evicted keys (``history`` = 4 of them per cached key, 0.15 KB each) and
+most of the rest the two lazy heaps per class.
 """
 
 from __future__ import annotations
@@ -43,9 +55,13 @@ K = TypeVar("K", bound=Hashable)
 
 FRESH = 0
 REUSED = 1
+TAIL = 2  # a first-seen chunk smaller than the largest seen: the partial last block of a prompt
+_CLASSES = 3
+_CLS_BITS = 2
+_CLS_MASK = (1 << _CLS_BITS) - 1
 _TICK_BITS = 32
 _TICK_MAX = (1 << _TICK_BITS) - 1
-_TIME_SHIFT = _TICK_BITS + 1
+_TIME_SHIFT = _TICK_BITS + _CLS_BITS
 
 _PER_OCTAVE = 2
 _OCTAVES = 40
@@ -66,6 +82,7 @@ _MIN_CLOSED = 32  # intervals a class must have seen end before its density is t
 _MIN_AT_RISK = 20  # a bucket's hazard is measured only where this many intervals reached it
 _TAIL_BUCKETS = 4  # reliable buckets the constant tail hazard is measured over
 _KEEP_CLOSED = 32  # closed-interval counts are halved past this many per remembered key
+_WARMUP_TURNOVER = 0.5  # densities are trusted once this many evictions per cached key happened
 
 
 def _bucket(age: int) -> int:
@@ -139,7 +156,9 @@ class _ReuseStats:
 
 
 class HitDensityPolicy(Generic[K]):
-    """Prefix-aware eviction by learnt hit density of FRESH vs REUSED chunks; see the module docstring.
+    """Prefix-aware eviction by learnt hit density of FRESH vs REUSED chunks, partial tails first.
+
+    See the module docstring.
 
     ``history``: how many evicted keys to remember, as a multiple of the cached keys. Longer histories
     recognise returning chunks from further back but dilute the REUSED class; 4 measured best.
@@ -156,8 +175,13 @@ class HitDensityPolicy(Generic[K]):
         self._state: dict[K, int] = {}
         self._ghosts: OrderedDict[K, int] = OrderedDict()  # evicted key -> its state, oldest first
         self._tree: PrefixTree[K] = PrefixTree()
-        self._heaps = (LazyHeap[K](self._is_live), LazyHeap[K](self._is_live))
-        self._stats = (_ReuseStats(), _ReuseStats())
+        # per class, leaves by state: oldest first ((state, key)) and youngest first ((-state, key))
+        self._oldest = tuple(LazyHeap[K](self._is_live) for _ in range(_CLASSES))
+        self._youngest = tuple(LazyHeap[K](self._is_live_negated) for _ in range(_CLASSES))
+        self._heaps = self._oldest + self._youngest
+        self._stats = tuple(_ReuseStats() for _ in range(_CLASSES))
+        self._largest = 0  # largest chunk size seen: smaller first-seen chunks are TAIL
+        self._evicted = 0  # removals so far (warm-up: densities are trusted after _WARMUP_TURNOVER)
         self._clock = 0
         self._tick = 0  # accesses since the clock last moved
         self._shift = 0  # open intervals are counted per epoch of 2**shift inserts
@@ -172,8 +196,10 @@ class HitDensityPolicy(Generic[K]):
         self._clock += 1
         self._tick = 0
         remembered = self._ghosts.pop(key, None)
+        if size > self._largest:
+            self._largest = size
         if remembered is None:
-            cls = FRESH
+            cls = TAIL if size < self._largest else FRESH
         else:
             self._close(remembered, reused=True)
             cls = REUSED
@@ -192,6 +218,7 @@ class HitDensityPolicy(Generic[K]):
         state = self._state.pop(key, None)
         if state is None:
             return
+        self._evicted += 1
         ghosts = self._ghosts
         ghosts[key] = state  # the interval stays open: a later insert is a reuse
         limit = max(64, int(self._history * len(self._state)))
@@ -210,23 +237,32 @@ class HitDensityPolicy(Generic[K]):
             self._push_if_leaf(freed)
 
     def victim(self) -> K | None:
-        fresh = self._heaps[FRESH].top()
-        reused = self._heaps[REUSED].top()
+        tail = self._oldest[TAIL].top()
+        if tail is not None:
+            return tail[1]
+        fresh = self._oldest[FRESH].top()
+        reused = self._oldest[REUSED].top()
         if fresh is None or reused is None:
             if fresh is not None:
                 return fresh[1]
             if reused is not None:
                 return reused[1]
             return next(iter(self._state), None)  # links form a cycle: nothing is a leaf
-        t_fresh, t_reused = fresh[0] >> _TIME_SHIFT, reused[0] >> _TIME_SHIFT
         d_fresh, d_reused = self._stats[FRESH].density, self._stats[REUSED].density
-        if d_fresh is None or d_reused is None:
+        if d_fresh is None or d_reused is None or self._evicted < _WARMUP_TURNOVER * len(self._state):
             return fresh[1] if fresh[0] < reused[0] else reused[1]
-        x_fresh = d_fresh[_bucket(self._clock - t_fresh)]
-        x_reused = d_reused[_bucket(self._clock - t_reused)]
-        if x_fresh < x_reused or (x_fresh == x_reused and fresh[0] < reused[0]):
-            return fresh[1]
-        return reused[1]
+        best_density, best_state, best_key = math.inf, 0, fresh[1]
+        for cls, density in ((FRESH, d_fresh), (REUSED, d_reused)):
+            young = self._youngest[cls].top()
+            ends = (self._oldest[cls].top(), None if young is None else (-young[0], young[1]))
+            for end in ends:
+                if end is None:
+                    continue
+                state, key = end
+                x = density[_bucket(self._clock - (state >> _TIME_SHIFT))]
+                if x < best_density or (x == best_density and state < best_state):
+                    best_density, best_state, best_key = x, state, key
+        return best_key
 
     def __contains__(self, key: object) -> bool:
         return key in self._state
@@ -239,19 +275,19 @@ class HitDensityPolicy(Generic[K]):
     def _is_live(self, rank: int, key: K) -> bool:
         return self._state.get(key) == rank and self._tree.is_leaf(key)
 
+    def _is_live_negated(self, rank: int, key: K) -> bool:
+        return self._state.get(key) == -rank and self._tree.is_leaf(key)
+
     def _open(self, key: K, cls: int) -> None:
         self._tick = min(self._tick + 1, _TICK_MAX)
-        state = (self._clock << _TICK_BITS | self._tick) << 1 | cls
+        state = (self._clock << _TICK_BITS | self._tick) << _CLS_BITS | cls
         self._state[key] = state
         self._stats[cls].start(self._clock >> self._shift)
         if self._tree.is_leaf(key):
-            heap = self._heaps[cls]
-            heap.push(state, key)
-            if heap.needs_compaction(len(self._state)):
-                self._compact(cls)
+            self._push(state, key)
 
     def _close(self, state: int, *, reused: bool) -> None:
-        start, cls = state >> _TIME_SHIFT, state & 1
+        start, cls = state >> _TIME_SHIFT, state & _CLS_MASK
         stats = self._stats[cls]
         stats.end(start >> self._shift)
         (stats.reused if reused else stats.censored)[_bucket(self._clock - start)] += 1
@@ -259,7 +295,17 @@ class HitDensityPolicy(Generic[K]):
     def _push_if_leaf(self, key: K) -> None:
         state = self._state.get(key)
         if state is not None and self._tree.is_leaf(key):
-            self._heaps[state & 1].push(state, key)
+            self._push(state, key)
+
+    def _push(self, state: int, key: K) -> None:
+        cls = state & _CLS_MASK
+        oldest, youngest = self._oldest[cls], self._youngest[cls]
+        oldest.push(state, key)
+        if cls != TAIL:  # TAIL leaves are only ever taken oldest first
+            youngest.push(-state, key)
+        live = len(self._state)
+        if oldest.needs_compaction(live) or youngest.needs_compaction(live):
+            self._compact(cls)
 
     def _refresh(self) -> None:
         self._since_refresh = 0
@@ -270,10 +316,12 @@ class HitDensityPolicy(Generic[K]):
             for stats in self._stats:
                 stats.open.clear()
             for state in (*self._state.values(), *self._ghosts.values()):
-                self._stats[state & 1].start((state >> _TIME_SHIFT) >> shift)
+                self._stats[state & _CLS_MASK].start((state >> _TIME_SHIFT) >> shift)
         for stats in self._stats:
             stats.refresh(self._clock, self._shift, _KEEP_CLOSED * max(remembered, 64))
 
     def _compact(self, cls: int) -> None:
         tree = self._tree
-        self._heaps[cls].rebuild((s, k) for k, s in self._state.items() if s & 1 == cls and tree.is_leaf(k))
+        leaves = [(s, k) for k, s in self._state.items() if s & _CLS_MASK == cls and tree.is_leaf(k)]
+        self._oldest[cls].rebuild(leaves)
+        self._youngest[cls].rebuild([] if cls == TAIL else [(-s, k) for s, k in leaves])

@@ -196,6 +196,22 @@ def test_hit_density_learns_to_keep_reused_chunks_over_one_offs() -> None:
     assert hot_hit_rate(HitDensityPolicy()) > 0.9
 
 
+def test_hit_density_evicts_partial_tails_first() -> None:
+    """A chunk smaller than the largest seen is a prompt's partial last block: its leaf goes first."""
+    p: HitDensityPolicy[str] = HitDensityPolicy()
+    p.insert("old", 512, 0.0)
+    for k, parent in (("a", None), ("b", "a"), ("tail", "b")):
+        p.insert(k, 100 if k == "tail" else 512, 1.0)
+        if parent is not None:
+            p.link(k, parent)
+    p.insert("new", 512, 2.0)
+    assert evict(p) == "tail"  # younger than "old", but a partial tail
+    assert evict(p) == "old"  # then prefix-LRU order (nothing learnt yet)
+    p.insert("tail2", 7, 3.0)
+    p.touch("tail2", 4.0)  # a partial chunk that is read is REUSED, no longer a TAIL
+    assert evict(p) == "b"
+
+
 def _store(policy: Any, key: int, now: float) -> None:
     while len(policy) >= 100:
         policy.remove(policy.victim())

@@ -154,3 +154,12 @@ def test_default_beats_lru(trace: str) -> None:
         got = simulate_named(_trace(trace), "default", cap // 512).hit_rate
         assert got > ref[trace, "lru", cap] + 0.003, f"default vs lru at {cap} tokens on {trace}"
         assert got <= ref[trace, "belady", cap] + TOLERANCE
+
+
+@needs_traces
+@pytest.mark.parametrize("trace", TRACES)
+def test_default_not_worse_than_lru_at_large_capacities(trace: str) -> None:
+    ref = _reference()
+    for cap in (20_000_000, 50_000_000):
+        got = simulate_named(_trace(trace), "default", cap // 512).hit_rate
+        assert got >= ref[trace, "lru", cap] - 0.001, f"default vs lru at {cap} tokens on {trace}"
