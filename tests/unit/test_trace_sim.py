@@ -29,6 +29,8 @@ from gateway.lifecycle.policy import LRUPolicy, PrefixLRUPolicy
 TRACES_DIR = Path(os.environ.get("KVGW_TRACES_DIR") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
 REFERENCE = TRACES_DIR / "hitrate_reference_cold.json"
 TRACES = ["conversation_trace.jsonl", "synthetic_trace.jsonl"]
+if os.environ.get("KVGW_TRACES_DIR") and not REFERENCE.is_file():  # named explicitly (CI): must be there
+    raise RuntimeError(f"KVGW_TRACES_DIR={TRACES_DIR} holds no hitrate_reference_cold.json")
 needs_traces = pytest.mark.skipif(
     not REFERENCE.is_file(),
     reason=f"Mooncake traces not found in {TRACES_DIR} (set KVGW_TRACES_DIR to the shared/traces directory)",
