@@ -247,15 +247,17 @@ class ChunkIndex:
     def alive_many(self, digests: Sequence[bytes], now: float, *, stop_at_miss: bool = False) -> list[bool]:
         """Which digests are indexed and not expired, reading only the expiry field of each record."""
         out: list[bool] = []
+        append, unpack = out.append, _EXPIRES.unpack_from
         with self._remap, self.env.begin(db=self.chunks_db, buffers=True) as txn:
+            get = txn.get
             for digest in digests:
-                raw = txn.get(digest)
+                raw = get(digest)
                 if raw is None:
                     alive = False
                 else:
-                    expires = _EXPIRES.unpack_from(raw, _EXPIRES_AT)[0]
+                    expires = unpack(raw, _EXPIRES_AT)[0]
                     alive = expires == 0.0 or expires > now
-                out.append(alive)
+                append(alive)
                 if stop_at_miss and not alive:
                     break
         return out

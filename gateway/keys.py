@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
 
 MAX_KEY_BYTES = 1024
@@ -72,3 +73,33 @@ def _bucket_hasher(bucket: str) -> Any:
     h.update(bucket.encode("utf-8"))
     h.update(b"\x00")
     return h
+
+
+def digest_many(bucket: str, keys: Sequence[str]) -> list[bytes]:
+    """Validate and digest many keys of one bucket: the hot loop of exists / prefix / batch-get.
+
+    The same rules and digests as ``validate_key`` + ``chunk_digest``. Clients look the same keys up
+    again and again (every lookup of a prompt repeats its shared prefix), so digests of recent keys
+    are remembered (a bounded memo, cleared when full): a repeat costs one dict lookup.
+    """
+    memo = _MEMO.get(bucket)
+    if memo is None or len(memo) >= _MEMO_LIMIT:
+        memo = _MEMO[bucket] = {}
+    copy = _bucket_hasher(bucket).copy
+    out: list[bytes] = []
+    append = out.append
+    for key in keys:
+        digest = memo.get(key)
+        if digest is None:
+            h = copy()
+            if 0 < len(key) <= MAX_KEY_BYTES and key.isascii() and key.isprintable():
+                h.update(key.encode())
+            else:
+                h.update(validate_key(key))
+            digest = memo[key] = h.digest()
+        append(digest)
+    return out
+
+
+_MEMO_LIMIT = 1 << 16  # keys remembered per bucket (about 10 MB at LMCache's ~100-byte keys)
+_MEMO: dict[str, dict[str, bytes]] = {}

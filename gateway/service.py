@@ -41,13 +41,14 @@ from gateway.errors import (
     ChunkTooLarge,
     IncompleteBody,
     InternalError,
+    InvalidKey,
     InvalidRange,
     InvalidRequest,
     NoSuchChunk,
     ServiceUnavailable,
     translate_backend_error,
 )
-from gateway.keys import chunk_digest
+from gateway.keys import InvalidKeyError, chunk_digest, digest_many
 
 log = logging.getLogger("kvgw.service")
 
@@ -228,6 +229,13 @@ class ChunkService:
     async def bucket(self, name: str) -> BucketPolicy:
         return await self.directory.bucket(name)
 
+    @staticmethod
+    def _digests(bucket: BucketPolicy, keys: Sequence[str]) -> list[bytes]:
+        try:
+            return digest_many(bucket.name, keys)
+        except InvalidKeyError as exc:
+            raise InvalidKey(str(exc)) from None
+
     # -- lookups -------------------------------------------------------------------------------
 
     async def lookup(self, bucket: BucketPolicy, key: str, *, strict: bool = True) -> ChunkInfo | None:
@@ -249,7 +257,7 @@ class ChunkService:
         return info
 
     async def exists(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[bool]:
-        digests = [chunk_digest(bucket.name, k) for k in keys]
+        digests = self._digests(bucket, keys)
         alive = self.index.alive_many(digests, self.clock())
         misses = [i for i, hit in enumerate(alive) if not hit]
         if misses:
@@ -261,8 +269,9 @@ class ChunkService:
 
     async def prefix(self, bucket: BucketPolicy, keys: Sequence[str]) -> int:
         """How many leading keys are all present (stops at the first absent one)."""
-        digests = [chunk_digest(bucket.name, k) for k in keys]
-        self.events.chained(bucket.name, digests)
+        digests = self._digests(bucket, keys)
+        # learning the chain can wait until the answer is on its way
+        asyncio.get_running_loop().call_soon(self.events.chained, bucket.name, digests)
         start = 0
         while start < len(keys):
             alive = self.index.alive_many(digests[start:], self.clock(), stop_at_miss=True)
@@ -321,7 +330,7 @@ class ChunkService:
         """Record reads that bypassed the gateway (clients reading chunk files directly from a shared
         tier directory), so eviction still sees them. Returns how many keys were indexed and alive."""
         now = self.clock()
-        digests = [chunk_digest(bucket.name, k) for k in keys]
+        digests = self._digests(bucket, keys)
         touched = 0
         for digest, entry in zip(digests, self.index.get_many(digests), strict=True):
             if entry is None or not entry.alive(now):
@@ -451,8 +460,8 @@ class ChunkService:
 
     async def open_many(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[ChunkInfo | None]:
         """Resolve many keys for a batch read (one index transaction for the hits)."""
-        digests = [chunk_digest(bucket.name, k) for k in keys]
-        self.events.chained(bucket.name, digests)
+        digests = self._digests(bucket, keys)
+        asyncio.get_running_loop().call_soon(self.events.chained, bucket.name, digests)
         now = self.clock()
         infos: list[ChunkInfo | None] = []
         misses: list[int] = []

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
+
+import orjson
 
 from gateway.errors import IncompleteBody, InvalidRequest, MissingContentLength
 
@@ -108,8 +109,8 @@ class Request:
     async def read_json(self, limit: int) -> Any:
         raw = await self.read_body(limit)
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
             raise InvalidRequest("request body is not valid JSON") from exc
 
     async def drain(self, limit: int) -> bool:
@@ -147,4 +148,4 @@ async def send_response(send: Send, status: int, headers: Headers, body: bytes =
 
 
 def json_body(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return orjson.dumps(doc)
