@@ -40,7 +40,6 @@ from gateway.errors import (
     BadDigest,
     ChunkTooLarge,
     IncompleteBody,
-    InternalError,
     InvalidKey,
     InvalidRange,
     InvalidRequest,
@@ -413,8 +412,10 @@ class ChunkService:
             raise
         if not created:
             existing = await self.lookup(bucket, key, strict=False)
-            if existing is None:  # published by someone else, then deleted or expired at once
-                raise InternalError("the chunk changed while it was written; retry")
+            if existing is None:
+                # Another write won, and its chunk was already evicted or deleted: to the client this
+                # is the same as "stored, then evicted". Report what the winner held as far as we know.
+                existing = ChunkInfo(bucket.name, key, length, value, now, meta.expires, bit)
             return PutResult(False, existing)
         parent_digest = None if parent is None else chunk_digest(bucket.name, parent)
         entry = IndexEntry(bucket.name, key, length, value, now, meta.expires, last_access=now, tiers=bit)

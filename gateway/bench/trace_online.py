@@ -45,6 +45,11 @@ class Stats:
     get_latencies: list[float] = field(default_factory=list)
     put_latencies: list[float] = field(default_factory=list)
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
 
 def _free_port() -> int:
@@ -117,7 +122,11 @@ async def _replay_one(client: httpx.AsyncClient, req: Request, capacity_blocks: 
     keys = [f"{trace}@{h}" for h in req.hash_ids]
     base = f"/v1/buckets/{BUCKET}"
     try:
-        hits = (await client.post(f"{base}/prefix", json={"keys": keys})).json()["length"]
+        looked = await client.post(f"{base}/prefix", json={"keys": keys})
+        if looked.status_code != 200:
+            stats.error(f"prefix {looked.status_code} {looked.text[:120]}")
+            return
+        hits = looked.json()["length"]
         if hits:
             started = time.perf_counter()
             response = await client.post(f"{base}/batch-get", json={"keys": keys[:hits]})
@@ -135,9 +144,9 @@ async def _replay_one(client: httpx.AsyncClient, req: Request, capacity_blocks: 
             r = await client.put(f"{base}/chunks/{quote(keys[i], safe='')}", content=payload, headers=headers)
             stats.put_latencies.append(time.perf_counter() - started)
             if r.status_code not in (200, 201):
-                stats.errors += 1
-    except httpx.HTTPError:
-        stats.errors += 1
+                stats.error(f"PUT {r.status_code} {r.text[:80]}")
+    except httpx.HTTPError as exc:
+        stats.error(type(exc).__name__)
 
 
 async def replay(url: str, requests: list[Request], args: argparse.Namespace, capacity_blocks: int) -> Stats:
@@ -203,7 +212,7 @@ def main(argv: list[str]) -> int:
         "put_p50_ms": 1000 * _percentile(stats.put_latencies, 0.5),
         "put_p99_ms": 1000 * _percentile(stats.put_latencies, 0.99),
         "moved_bytes": moved.get("moved_bytes", {}), "lifecycle": moved.get("lifecycle", {}),
-        "errors": stats.errors, "wall_seconds": round(wall, 1),
+        "errors": stats.errors, "error_kinds": stats.error_kinds, "wall_seconds": round(wall, 1),
     }
     print(f"trace {args.trace.name}: first {len(requests)} requests, policy {args.policy}, "
           f"capacity {args.capacity_tokens} tokens ({capacity_blocks} blocks x {args.block_bytes} B)")
@@ -211,7 +220,7 @@ def main(argv: list[str]) -> int:
     print(f"  GET per chunk p50 {result['get_p50_ms']:.2f} ms  p99 {result['get_p99_ms']:.2f} ms   "
           f"PUT p50 {result['put_p50_ms']:.2f} ms  p99 {result['put_p99_ms']:.2f} ms")
     print(f"  bytes moved between tiers {result['moved_bytes']}   lifecycle {result['lifecycle']}")
-    print(f"  errors {stats.errors}   wall {wall:.1f} s")
+    print(f"  errors {stats.errors} {stats.error_kinds or ''}   wall {wall:.1f} s")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0 if stats.errors == 0 else 1
