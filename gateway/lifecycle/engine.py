@@ -280,37 +280,68 @@ class LifecycleEngine:
 
     async def _enforce(self, policy: BucketPolicy, tier: int, capacity: int | None, budget: int,
                        report: PassReport) -> int:
-        """Evict from (bucket, tier) in policy order once usage passes the high watermark."""
+        """Evict from (bucket, tier) in policy order once usage passes the high watermark.
+
+        Victims are taken out of the ledger in small batches and moved concurrently (demotion to S3
+        is network-bound); a victim whose move fails goes back into the ledger.
+        """
         ledger = self._ledgers.get((policy.name, tier))
         if capacity is None or ledger is None or ledger.usage <= capacity * policy.high_watermark:
             return 0
+        demoting = tier == TIER_FS and self.service.s3 is not None
+        width = self.replication_concurrency if demoting else 16
         target = capacity * policy.low_watermark
         done = 0
         while ledger.usage > target and done < budget:
-            digest = ledger.policy.victim()
-            if not isinstance(digest, bytes):
+            if demoting and not self._s3_ready(self.service.clock()):
+                report.waiting_for_s3 = True
                 break
-            done += 1
-            entry = self.service.index.get(digest)
-            if entry is None or not entry.tiers & tier:
-                ledger.discard(digest)  # gone behind our back
-                continue
-            try:
-                if tier == TIER_FS and self.service.s3 is not None:
-                    if not self._s3_ready(self.service.clock()):
-                        report.waiting_for_s3 = True
-                        break
-                    await self.service.demote(digest, entry)
-                    report.demoted += 1
-                    self._s3_ok()
+            batch: list[tuple[bytes, IndexEntry]] = []
+            while ledger.usage > target and done < budget and len(batch) < width:
+                digest = ledger.policy.victim()
+                if not isinstance(digest, bytes):
+                    break
+                done += 1
+                entry = self.service.index.get(digest)
+                ledger.discard(digest)  # out of the ledger while it moves (or gone behind our back)
+                if entry is not None and entry.tiers & tier:
+                    batch.append((digest, entry))
+            if not batch:
+                break
+            outcomes = await asyncio.gather(*(self._evict_one(d, e, tier, demoting) for d, e in batch),
+                                            return_exceptions=True)
+            outage = False
+            for (digest, entry), outcome in zip(batch, outcomes, strict=True):
+                if outcome is None:
+                    if demoting:
+                        report.demoted += 1
+                    else:
+                        report.evicted += 1
+                    continue
+                if isinstance(outcome, backend.TierUnavailable):
+                    outage = True
                 else:
-                    await self.service.drop_copy(digest, entry, tier)
-                    report.evicted += 1
-            except backend.TierUnavailable:
+                    report.errors.append(f"evict {digest.hex()}: {outcome}")
+                self._restore(ledger, tier, digest, entry)
+            if outage:
                 self._s3_failed(self.service.clock(), report, "demotion")
                 break
-            except Exception as exc:
-                report.errors.append(f"evict {digest.hex()}: {exc}")
-                ledger.policy.touch(digest, self.service.clock())  # step past it; retried later
+            if demoting:
+                self._s3_ok()
         return done
 
+    async def _evict_one(self, digest: bytes, entry: IndexEntry, tier: int, demoting: bool) -> None:
+        if demoting:
+            await self.service.demote(digest, entry)
+        else:
+            await self.service.drop_copy(digest, entry, tier)
+
+    def _restore(self, ledger: TierLedger, tier: int, digest: bytes, entry: IndexEntry) -> None:
+        """Put back a victim whose move failed (as just used, so the next pass tries others first)."""
+        current = self.service.index.get(digest)
+        if current is None or not current.tiers & tier:
+            return
+        ledger.add(digest, entry.size, self.service.clock())
+        parent = self.service.index.parent_of(digest)
+        if parent is not None:
+            ledger.policy.link(digest, parent)
