@@ -370,7 +370,11 @@ class ChunkService:
         attrs: dict[str, str] | None = None,
     ) -> PutResult:
         """Stream ``body`` into the bucket's write tier; publish only if complete and matching the
-        given digests. With write-through the chunk is queued for S3 in the same index commit."""
+        given digests. With write-through the chunk is queued for S3 in the same index commit.
+
+        ``attrs`` is read only after the body has been consumed, so a caller may add values computed
+        from the body while it streams (the S3 API stores the checksums it verified that way).
+        """
         if length > bucket.max_chunk_bytes:
             raise ChunkTooLarge(f"{length} bytes exceeds the bucket limit of {bucket.max_chunk_bytes}")
         bit = TIER_S3 if bucket.write_tier == "s3" and self.s3 is not None else TIER_FS
