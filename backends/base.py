@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +100,13 @@ class Tier(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class FileLocator(Protocol):
+    """A tier whose chunks are plain files that clients on the same host (or on the shared mount) may
+    read themselves: data at offset 0, ``size`` bytes, the footer after it (``backends.chunkfile``)."""
+
+    def relative_path(self, digest: bytes) -> str:
+        """The chunk file's path relative to the tier root, with ``/`` separators."""
+        ...

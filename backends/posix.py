@@ -184,6 +184,7 @@ class PosixTier:
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.root = root
+        self._root = str(root)
         self.fsync = fsync
         self._chunks = str(root / "chunks")
         self._staging = str(root / "staging")
@@ -197,8 +198,11 @@ class PosixTier:
             os.makedirs(path, exist_ok=True)
 
     def path_for(self, digest: bytes) -> str:
+        return f"{self._root}/{self.relative_path(digest)}"
+
+    def relative_path(self, digest: bytes) -> str:
         name = digest.hex()
-        return f"{self._chunks}/{name[:2]}/{name[2:4]}/{name}"
+        return f"chunks/{name[:2]}/{name[2:4]}/{name}"
 
     def ensure_dir(self, path: str) -> None:
         if path in self._known_dirs:

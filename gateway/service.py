@@ -31,7 +31,7 @@ from typing import Protocol
 import xxhash
 
 from backends import errors as backend
-from backends.base import ChunkMeta, Tier
+from backends.base import ChunkMeta, FileLocator, Tier
 from backends.catalog.store import BucketPolicy
 from backends.index import TIER_FS, TIER_S3, ChunkIndex, IndexEntry
 from gateway.access import Directory
@@ -111,6 +111,14 @@ class ChunkInfo:
     @classmethod
     def from_entry(cls, entry: IndexEntry) -> ChunkInfo:
         return cls(entry.bucket, entry.key, entry.size, entry.checksum, entry.created, entry.expires, entry.tiers)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLocation:
+    """Where a client on the tier's host (or on its shared mount) finds a chunk's bytes itself."""
+
+    info: ChunkInfo
+    path: str | None  # chunk file relative to the filesystem tier's root; None: no file copy (S3 only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +346,32 @@ class ChunkService:
             self.events.read(bucket.name, digest, TIER_FS if entry.tiers & TIER_FS else TIER_S3, now)
             touched += 1
         return touched
+
+    async def locate(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[ChunkLocation | None]:
+        """Resolve a batch read whose bytes the client will read from the tier directory itself.
+
+        Resolution is a batch-get's (index, fall-through, chain learning), and every located file
+        copy counts as read for eviction. The client verifies size and checksum of what it reads and
+        falls back to batch-get for anything it cannot read, so a file evicted meanwhile costs a
+        retry, never wrong bytes. None: no such chunk.
+        """
+        infos = await self.open_many(bucket, keys)
+        fs = self.tiers.get(TIER_FS)
+        locator = fs if isinstance(fs, FileLocator) else None
+        now = self.clock()
+        located: list[ChunkLocation | None] = []
+        for info in infos:
+            if info is None:
+                located.append(None)
+                continue
+            path = None
+            if locator is not None and info.tiers & TIER_FS:
+                digest = chunk_digest(info.bucket, info.key)
+                path = locator.relative_path(digest)
+                self.index.touch(digest, now)
+                self.events.read(info.bucket, digest, TIER_FS, now)
+            located.append(ChunkLocation(info, path))
+        return located
 
     async def chunk_meta(self, info: ChunkInfo) -> ChunkMeta:
         """The chunk's full recorded metadata (attrs included), from a tier that holds it."""

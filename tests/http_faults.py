@@ -58,7 +58,7 @@ def op_of(method: str, path: str) -> str:
     if "/chunks/" in path:
         return {"PUT": "put", "GET": "get", "HEAD": "head", "DELETE": "delete"}.get(method, "other")
     tail = path.rsplit("/", 1)[-1]
-    if method == "POST" and tail in ("exists", "prefix", "batch-get"):
+    if method == "POST" and tail in ("exists", "prefix", "batch-get", "locate", "touch", "prefetch"):
         return tail.replace("-", "_")
     return "other"
 

@@ -9,6 +9,7 @@
     POST   /v1/buckets/{bucket}/batch-get       {"keys": [...]} -> framed stream (gateway.wire)
     POST   /v1/buckets/{bucket}/prefetch        {"keys": [...]} -> {"accepted", "local", "missing"}
     POST   /v1/buckets/{bucket}/touch           {"keys": [...]} -> {"touched": n} (reads done elsewhere)
+    POST   /v1/buckets/{bucket}/locate          {"keys": [...]} -> {"chunks": [location | null, ...]}
 
 Keys are the percent-encoded rest of the path after ``chunks/`` (they may contain ``/``). Errors are
 ``{"error": {"code", "message", "request_id"}}`` with the status from ``STATUS``; nothing else in
@@ -50,7 +51,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.keys import InvalidKeyError, is_valid_bucket_name, validate_key
-from gateway.service import TIER_NAMES, ChunkBody, ChunkInfo, ChunkService, parse_ttl
+from gateway.service import TIER_NAMES, ChunkBody, ChunkInfo, ChunkLocation, ChunkService, parse_ttl
 
 log = logging.getLogger("kvgw.api")
 
@@ -110,6 +111,7 @@ class NativeAPI:
             "batch-get": self._batch_get,
             "prefetch": self._prefetch,
             "touch": self._touch,
+            "locate": self._locate,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -309,6 +311,13 @@ class NativeAPI:
         keys = await self._keys(req)
         await self._send_json(req, send, {"touched": self.service.touch(bucket, keys)})
 
+    async def _locate(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """Where each chunk's file is, for clients that mount the filesystem tier (see README)."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        keys = await self._keys(req)
+        located = await self.service.locate(bucket, keys)
+        await self._send_json(req, send, {"chunks": [_location_doc(loc) for loc in located]})
+
     async def _send_json(self, req: Request, send: Send, doc: Any) -> None:
         headers = self._base_headers(req)
         headers.append((b"content-type", b"application/json"))
@@ -388,6 +397,19 @@ async def send_body(send: Send, status: int, headers: Headers, body: ChunkBody) 
     async for piece in body:
         await send({"type": "http.response.body", "body": piece, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
+
+
+def _location_doc(loc: ChunkLocation | None) -> dict[str, Any] | None:
+    """``{"size", "checksum", "path"}`` for a file copy, ``{"size", "checksum", "tier": "s3"}`` when
+    only S3 holds the chunk (read it through batch-get, which promotes it), None when absent."""
+    if loc is None:
+        return None
+    doc: dict[str, Any] = {"size": loc.info.size, "checksum": loc.info.checksum_hex}
+    if loc.path is not None:
+        doc["path"] = loc.path
+    else:
+        doc["tier"] = "s3"
+    return doc
 
 
 def _parse_checksum(raw: str | None) -> int | None:

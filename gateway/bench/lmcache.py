@@ -2,6 +2,8 @@
 paths, in one run, against five storage targets on this machine:
 
     (a) kvgw's connector                   remote-storage plugin, native API, no prefetcher
+    (f) kvgw's connector, direct reads     (a) with ``direct_read_root``: chunk files read from kvgw's
+                                           fs tier directory (same host), located through the API
     (b) kvgw's connector, prefetcher warm  the lookup staged the request's chunks before the retrieve
     (c) LMCache's S3 connector -> kvgw     kvgw's S3 API (``s3://kvcache.localhost:PORT``)
     (d) LMCache's S3 connector -> moto     ``moto_server``, the same connector and form
@@ -22,7 +24,8 @@ Measured per target and cache state:
 ``--cache warm`` reads what the page cache holds (everything was just written); ``--cache cold``
 syncs and drops the page cache of every chunk file (``posix_fadvise(DONTNEED)``, kvgw's chunk
 directory and LMCache's disk directory) before each request; moto keeps objects in its own memory,
-so (d) is always warm. Targets: (a) >= 70% of (e), (b) >= (e), (c) >= 3x (d), on get MB/s.
+so (d) is always warm. Targets: (a) >= 70% of (e), (b) >= (e), (c) >= 3x (d), on get MB/s; (a)'s
+target is also reported for (f), the same connector configured for a co-located gateway.
 Exit status 1 when a target fails or a target could not run.
 """
 
@@ -278,7 +281,8 @@ class Bench:
 # ---------------------------------------------------------------- report
 
 
-TARGETS = (("a", "e", 0.7, "(a) >= 70% of (e)"), ("b", "e", 1.0, "(b) >= (e)"), ("c", "d", 3.0, "(c) >= 3x (d)"))
+TARGETS = (("a", "e", 0.7, "(a) >= 70% of (e)"), ("f", "e", 0.7, "(f) >= 70% of (e)"), ("b", "e", 1.0, "(b) >= (e)"),
+           ("c", "d", 3.0, "(c) >= 3x (d)"))
 
 
 def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[str, bool]:
@@ -324,7 +328,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=4, help="requests stored and retrieved (default 4)")
     p.add_argument("--rounds", type=int, default=3, help="retrieve passes over all requests (default 3)")
     p.add_argument("--cache", choices=["warm", "cold", "both"], default="both")
-    p.add_argument("--only", default="abcde", help="targets to run, e.g. 'ae' (default abcde)")
+    p.add_argument("--only", default="abcdef", help="targets to run, e.g. 'afe' (default abcdef)")
     p.add_argument("--no-fsync", action="store_true", help="run kvgw with --no-fsync (LMCache's disk never fsyncs)")
     p.add_argument("--workdir", type=Path, help="where kvgw's data and LMCache's disk cache go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -354,10 +358,13 @@ def main(argv: Sequence[str]) -> int:
             url = f"http://127.0.0.1:{port}"
             kvgw_files = lambda: chunk_files(kvgw_dir / "fs" / "chunks")  # noqa: E731
 
-            def kvgw_worker(prefetch: int) -> Callable[[], Any]:
+            def kvgw_worker(prefetch: int, direct: bool = False) -> Callable[[], Any]:
                 def make() -> Any:
+                    settings: dict[str, object] = {"prefetch_bytes": prefetch}
+                    if direct:
+                        settings["direct_read_root"] = str((kvgw_dir / "fs").resolve())
                     extra = le.kvgw_plugin_extra(url, BUCKET, access_key=ACCESS_KEY, secret_key=SECRET_KEY,
-                                                 prefetch_bytes=prefetch)
+                                                 **settings)
                     config = le.engine_config(cpu_gb=pool_gb, extra=extra, remote_storage_plugins=[le.KVGW_PLUGIN])
                     return le.Worker(config, le.make_metadata(args.chunk_mib))
                 return make
@@ -378,6 +385,9 @@ def main(argv: Sequence[str]) -> int:
             s3_note = "" if can_vhost else f"{vhost} does not resolve: add '127.0.0.1 {vhost}' to /etc/hosts"
             if "a" in args.only:
                 targets.append(Target("a", "kvgw connector", le.REMOTE_KVGW, kvgw_worker(0), kvgw_files))
+            if "f" in args.only:
+                targets.append(Target("f", "kvgw connector, direct reads", le.REMOTE_KVGW,
+                                      kvgw_worker(0, direct=True), kvgw_files))
             if "b" in args.only:
                 targets.append(Target("b", "kvgw connector, prefetcher warm", le.REMOTE_KVGW,
                                       kvgw_worker(int(1.25 * bench.request_bytes)), kvgw_files, prefetch=True))

@@ -10,6 +10,7 @@ Nothing here reads the environment; ``credentials_from_env`` is for the factorie
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from urllib.parse import urlsplit
@@ -91,6 +92,8 @@ class ClientSettings:
     max_keys_per_call: int = 1000
     max_chunk_bytes: int = 1 << 30
     require_checksum: bool = True
+    direct_read_root: str | None = None  # where this host mounts the gateway's fs tier (gateway.client.direct)
+    direct_read_threads: int = 4
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -108,6 +111,10 @@ class ClientSettings:
             raise ValueError("pool_size, write_concurrency and max_keys_per_call must be at least 1")
         if self.max_chunk_bytes < 1:
             raise ValueError("max_chunk_bytes must be positive")
+        if self.direct_read_root is not None and not os.path.isabs(self.direct_read_root):
+            raise ValueError("direct_read_root must be an absolute path")
+        if self.direct_read_threads < 1:
+            raise ValueError("direct_read_threads must be at least 1")
 
 
 def credentials_from_env(environ: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -239,6 +246,8 @@ def read_client_settings(
         max_keys_per_call=reader.get_int("max_keys_per_call", _as_int(d["max_keys_per_call"])),
         max_chunk_bytes=reader.get_int("max_chunk_bytes", _as_int(d["max_chunk_bytes"])),
         require_checksum=reader.get_bool("require_checksum", d["require_checksum"] is True),
+        direct_read_root=reader.get_str("direct_read_root") or None,
+        direct_read_threads=reader.get_int("direct_read_threads", _as_int(d["direct_read_threads"])),
     )
 
 

@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures as cf
 import contextlib
 import enum
+import functools
 import json
 import logging
 import random
@@ -46,6 +47,7 @@ from gateway import keys as keyrules
 from gateway import wire
 from gateway.client.blocking import BlockingClient
 from gateway.client.config import ClientSettings
+from gateway.client.direct import DirectReader, Location, ReadResult, parse_locations
 from gateway.client.errors import (
     ClientClosed,
     KvgwClientError,
@@ -57,6 +59,7 @@ from gateway.client.framing import (
     BatchItem,
     BatchReader,
     BufferProvider,
+    Destination,
     ItemStatus,
     PayloadWriter,
     byte_view,
@@ -155,6 +158,8 @@ class KvgwClient:
         self._headers = {"User-Agent": "kvgw-client/0.1"}
         if settings.access_key is not None:
             self._headers["Authorization"] = f"Bearer {settings.access_key}:{settings.secret_key}"
+        self._direct = (None if settings.direct_read_root is None
+                        else DirectReader(settings.direct_read_root, settings.direct_read_threads))
         self.blocking = BlockingClient(self)
 
     # ------------------------------------------------------------------ state
@@ -564,7 +569,7 @@ class KvgwClient:
                 for i in range(len(part)):
                     yield BatchItem(offset + i, ItemStatus.LOST)
                 continue
-            async for item in self._iter_part(offset, part, into):
+            async for item in self._iter_part(list(range(offset, offset + len(part))), part, into):
                 if isinstance(item, KvgwClientError):
                     error = item
                 else:
@@ -576,9 +581,84 @@ class KvgwClient:
             raise error
 
     async def _iter_part(
-        self, offset: int, keys: list[str], into: BufferProvider | None
+        self, positions: list[int], keys: list[str], into: BufferProvider | None
     ) -> AsyncIterator[BatchItem | KvgwClientError]:
-        shifted = None if into is None else (lambda index, length: into(offset + index, length))
+        """Items of one call's keys (``positions`` are their indices in the caller's list): read
+        directly from the tier directory where configured and possible, the rest through batch-get."""
+        if self._direct is None:
+            async for got in self._iter_http(positions, keys, into):
+                yield got
+            return
+        done, rest, into = await self._read_direct(positions, keys, into)
+        ready = sorted(done)
+        if rest:
+            async for got in self._iter_http([positions[j] for j in rest], [keys[j] for j in rest], into):
+                if isinstance(got, BatchItem):
+                    while ready and ready[0] < got.index:
+                        yield done.pop(ready.pop(0))
+                yield got
+        for position in ready:
+            yield done[position]
+
+    async def _read_direct(
+        self, positions: list[int], keys: list[str], into: BufferProvider | None
+    ) -> tuple[dict[int, BatchItem], list[int], BufferProvider | None]:
+        """Locate ``keys`` and read the file copies. Returns the finished items by position, the
+        indices into ``keys`` left for batch-get, and the buffer provider batch-get must use: it hands
+        back the buffer a failed direct read already took, so no position is ever given two."""
+        assert self._direct is not None
+        parse = functools.partial(parse_locations, count=len(keys), max_size=self.settings.max_chunk_bytes)
+        try:
+            located = await self._post_json("locate", "locate", keys, parse)
+        except KvgwClientError:  # counted and logged by the call policy; batch-get decides the items
+            return {}, list(range(len(keys))), into
+        done: dict[int, BatchItem] = {}
+        rest: list[int] = []
+        jobs: list[tuple[int, Location, Destination]] = []
+        for j, loc in enumerate(located):
+            if loc is None:
+                done[positions[j]] = BatchItem(positions[j], ItemStatus.MISSING)
+            elif loc.path is None:
+                rest.append(j)
+            else:
+                dest = memoryview(bytearray(loc.size)) if into is None else into(positions[j], loc.size)
+                if dest is None:
+                    done[positions[j]] = BatchItem(positions[j], ItemStatus.REFUSED, loc.size)
+                else:
+                    jobs.append((j, loc, dest))
+        results = await self._direct.read_all([(loc, dest) for _, loc, dest in jobs])
+        taken: dict[int, tuple[int, Destination]] = {}
+        for (j, loc, dest), result in zip(jobs, results, strict=True):
+            if result is ReadResult.OK:
+                data = dest.obj if into is None and isinstance(dest, memoryview) else None
+                assert data is None or isinstance(data, bytearray)
+                done[positions[j]] = BatchItem(positions[j], ItemStatus.OK, loc.size, data)
+                self.counters.add("direct.ok")
+                self.counters.add("direct.bytes", loc.size)
+                continue
+            self.counters.add(f"direct.{result.value}")
+            self._policy.failures.failure("direct_read", result.value,
+                                          f"{self._direct.root}/{loc.path}: fetching through the gateway")
+            rest.append(j)
+            if into is not None:
+                taken[positions[j]] = (loc.size, dest)
+        rest.sort()
+        if not taken or into is None:
+            return done, rest, into
+        provider = into
+
+        def reuse(position: int, length: int) -> Destination | None:
+            if position not in taken:
+                return provider(position, length)
+            size, dest = taken.pop(position)
+            return dest if size == length else None
+
+        return done, rest, reuse
+
+    async def _iter_http(
+        self, positions: list[int], keys: list[str], into: BufferProvider | None
+    ) -> AsyncIterator[BatchItem | KvgwClientError]:
+        shifted = None if into is None else (lambda index, length: into(positions[index], length))
         reader = BatchReader(len(keys), into=shifted, max_length=self.settings.max_chunk_bytes)
         url = URL(f"{self._bucket_url}/batch-get", encoded=True)
 
@@ -606,7 +686,7 @@ class KvgwClient:
                     try:
                         async for chunk in resp.content.iter_any():
                             for item in reader.feed(chunk):
-                                yield BatchItem(offset + item.index, item.status, item.length, item.data)
+                                yield BatchItem(positions[item.index], item.status, item.length, item.data)
                             if reader.error is not None:
                                 break
                     finally:
@@ -623,7 +703,7 @@ class KvgwClient:
                 self._policy.note_failure("batch_get", exc)
             self.counters.add("batch_get.bytes", reader.bytes_received)
         for item in reader.close():
-            yield BatchItem(offset + item.index, item.status)
+            yield BatchItem(positions[item.index], item.status)
         if failure is not None:
             yield failure
 
@@ -644,6 +724,8 @@ class KvgwClient:
 
     async def _shutdown(self) -> None:
         self._policy.stop_probing()
+        if self._direct is not None:
+            self._direct.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

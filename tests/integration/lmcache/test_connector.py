@@ -122,6 +122,28 @@ def test_byte_exact_round_trip(
     assert_all_memory_back(worker, free)
 
 
+@pytest.mark.parametrize("chunk_mib", [1, 8, 32])
+def test_direct_reads_round_trip(
+    make_worker: Callable[..., Worker], shared_server: ServerProcess, seed: int, chunk_mib: int
+) -> None:
+    """With the gateway's fs tier mounted here (``direct_read_root``), LMCache's retrieve gets the
+    chunk files read straight into its memory objects, byte for byte, and nothing over batch-get."""
+    n = {1: 8, 8: 4, 32: 2}[chunk_mib]
+    root = str((shared_server.data_dir / "fs").resolve())
+    worker = make_worker(shared_server.url, chunk_mib=chunk_mib, chunks=n, direct_read_root=root)
+    free = free_chunks(worker)
+    keys = le.chunk_keys(n, seed=seed)
+    digests = store_random(worker, keys, seed)
+    assert worker.lookup(keys) == n
+    got = worker.retrieve(keys)
+    assert [le.digest(obj) for obj in got] == digests
+    assert all(obj.get_shapes() == worker.metadata.get_shapes() for obj in got)
+    client = connector(worker).client
+    assert client.counters.get("direct.ok") == n and client.counters.get("batch_get.bytes") == 0
+    le.release(got)
+    assert_all_memory_back(worker, free)
+
+
 def test_raw_chunk_format_round_trip(
     make_worker: Callable[..., Worker], shared_server: ServerProcess, seed: int
 ) -> None:

@@ -79,6 +79,21 @@ def test_byte_exact_round_trip(
         index.close()
 
 
+@pytest.mark.parametrize("chunk_mib", [1, 32])
+def test_direct_reads_round_trip(
+    make_driver: Callable[..., le.L2Driver], shared_server: ServerProcess, seed: int, chunk_mib: int
+) -> None:
+    """With the gateway's fs tier mounted here, loads read the chunk files into L1 objects directly."""
+    n = {1: 8, 32: 2}[chunk_mib]
+    root = str((shared_server.data_dir / "fs").resolve())
+    driver = make_driver(spec(shared_server.url, direct_read_root=root), chunk_mib=chunk_mib, chunks=n)
+    keys = le.object_keys(n, seed=seed)
+    round_trip(driver, keys, seed)
+    native = driver.adapter._client
+    assert native.client.counters.get("direct.ok") == n
+    assert native.client.counters.get("batch_get.bytes") == 0
+
+
 def test_lookup_is_per_key_and_load_fails_only_the_missing(
     make_driver: Callable[..., le.L2Driver], shared_server: ServerProcess, seed: int
 ) -> None:

@@ -37,6 +37,7 @@ def l2_snippets() -> list[dict[str, Any]]:
 def as_written(doc: dict[str, Any], server: ServerProcess, tmp_path: Path, host: str) -> LMCacheEngineConfig:
     text = json.dumps(doc).replace(DOC_HOST, f"{host}:{server.port}")
     text = text.replace('"KVGW..."', json.dumps(ROOT_AK)).replace('"..."', json.dumps(ROOT_SK))
+    text = text.replace('"/mnt/kvgw/fs"', json.dumps(str((server.data_dir / "fs").resolve())))
     doc = json.loads(text)
     doc["max_local_cpu_size"] = 0.1
     doc["local_cpu"] = False  # every get goes to kvgw

@@ -1,0 +1,153 @@
+"""Direct reads (``direct_read_root``): a real ``kvgw serve`` locates chunks, the client reads the
+chunk files of the server's own data directory, and anything it cannot read or verify goes through
+batch-get, so a damaged or vanished file never yields wrong bytes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.client.direct import parse_locations
+from gateway.client.errors import ProtocolError
+from gateway.client.framing import ItemStatus
+from gateway.client.http import KvgwClient
+from gateway.keys import chunk_digest
+from tests.conftest import ServerProcess
+from tests.http_faults import HttpFaultProxy
+
+
+def chunk_file(server: ServerProcess, key: str) -> Path:
+    name = chunk_digest("kvcache", key).hex()
+    return server.data_dir / "fs" / "chunks" / name[:2] / name[2:4] / name
+
+
+@pytest.fixture
+def direct_client(
+    proxy: HttpFaultProxy, shared_server: ServerProcess, make_client: Callable[..., KvgwClient]
+) -> KvgwClient:
+    return make_client(proxy.url, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
+
+
+class Buffers:
+    """A buffer provider that records how often each position was asked for a buffer."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[int, bytearray] = {}
+        self.calls: dict[int, int] = {}
+
+    def __call__(self, index: int, length: int) -> memoryview:
+        self.calls[index] = self.calls.get(index, 0) + 1
+        self.bufs[index] = bytearray(length)
+        return memoryview(self.bufs[index])
+
+
+def test_batch_read_takes_the_bytes_from_the_files_not_the_socket(
+    proxy: HttpFaultProxy, direct_client: KvgwClient, names: Callable[[str], str]
+) -> None:
+    keys = [names(str(i)) for i in range(4)]
+    bodies = [os.urandom(300_000 + i) for i in range(4)]
+    for key, body in zip(keys, bodies, strict=True):
+        direct_client.blocking.put(key, body)
+    wanted = [keys[0], names("absent"), keys[1], keys[2], keys[3]]
+    into = Buffers()
+    statuses = direct_client.blocking.batch_get_into(wanted, into)
+    assert statuses == [ItemStatus.OK, ItemStatus.MISSING, ItemStatus.OK, ItemStatus.OK, ItemStatus.OK]
+    assert [bytes(into.bufs[i]) for i in (0, 2, 3, 4)] == bodies
+    assert proxy.ops("locate") == 1 and proxy.ops("batch_get") == 0
+    counters = direct_client.stats()["counters"]
+    assert isinstance(counters, dict) and counters["direct.ok"] == 4
+    assert counters["direct.bytes"] == sum(map(len, bodies))
+
+
+async def test_items_stream_in_key_order_with_payloads(
+    direct_client: KvgwClient, names: Callable[[str], str]
+) -> None:
+    key_a, key_b = names("a"), names("b")
+    await direct_client.put(key_a, b"alpha" * 1000)
+    await direct_client.put(key_b, b"beta" * 1000)
+    items = [item async for item in direct_client.batch_get([key_b, names("none"), key_a])]
+    assert [(i.index, i.status) for i in items] == [(0, ItemStatus.OK), (1, ItemStatus.MISSING), (2, ItemStatus.OK)]
+    assert items[0].data == b"beta" * 1000 and items[2].data == b"alpha" * 1000
+
+
+def test_damaged_file_is_never_handed_out(
+    proxy: HttpFaultProxy, shared_server: ServerProcess, direct_client: KvgwClient, names: Callable[[str], str]
+) -> None:
+    good, bad = names("good"), names("bad")
+    direct_client.blocking.put(good, b"g" * 50_000)
+    direct_client.blocking.put(bad, b"b" * 50_000)
+    with open(chunk_file(shared_server, bad), "r+b") as f:  # flip one data byte, keep the size
+        f.seek(100)
+        f.write(b"X")
+    into = Buffers()
+    statuses = direct_client.blocking.batch_get_into([good, bad], into)
+    # the direct read saw the mismatch and asked the gateway, which verified, quarantined, answered missing
+    assert statuses == [ItemStatus.OK, ItemStatus.MISSING]
+    assert bytes(into.bufs[0]) == b"g" * 50_000
+    assert into.calls == {0: 1, 1: 1}  # the fallback reused the buffer the direct read had taken
+    assert proxy.ops("batch_get") == 1
+    assert direct_client.stats()["counters"]["direct.mismatch"] == 1  # type: ignore[index]
+    assert not chunk_file(shared_server, bad).exists()
+
+
+def test_vanished_file_falls_back_to_the_gateway(
+    shared_server: ServerProcess, direct_client: KvgwClient, names: Callable[[str], str]
+) -> None:
+    key, gone = names("kept"), names("gone")
+    direct_client.blocking.put(key, b"k" * 10_000)
+    direct_client.blocking.put(gone, b"g" * 10_000)
+    chunk_file(shared_server, gone).unlink()  # as if evicted between locate and read
+    into = Buffers()
+    assert direct_client.blocking.batch_get_into([key, gone], into) == [ItemStatus.OK, ItemStatus.MISSING]
+    assert direct_client.stats()["counters"]["direct.unreadable"] == 1  # type: ignore[index]
+
+
+def test_wrong_root_still_serves_every_chunk_through_http(
+    proxy: HttpFaultProxy, tmp_path: Path, make_client: Callable[..., KvgwClient], names: Callable[[str], str]
+) -> None:
+    client = make_client(proxy.url, direct_read_root=str(tmp_path))
+    keys = [names(str(i)) for i in range(3)]
+    for key in keys:
+        client.blocking.put(key, key.encode() * 100)
+    into = Buffers()
+    assert client.blocking.batch_get_into(keys, into) == [ItemStatus.OK] * 3
+    assert [bytes(into.bufs[i]) for i in range(3)] == [k.encode() * 100 for k in keys]
+    assert into.calls == {0: 1, 1: 1, 2: 1}
+    assert proxy.ops("batch_get") == 1
+
+
+def test_locate_answers_from_the_index_and_needs_read_rights(
+    shared_server: ServerProcess, names: Callable[[str], str]
+) -> None:
+    key = names("loc")
+    with httpx.Client(base_url=shared_server.url, headers=shared_server.auth) as c:
+        assert c.put(shared_server.chunk_url(key), content=b"z" * 1234).status_code == 201
+        r = c.post("/v1/buckets/kvcache/locate", json={"keys": [key, names("nope")]})
+        assert r.status_code == 200
+        first, second = r.json()["chunks"]
+        assert second is None
+        assert first["size"] == 1234 and len(first["checksum"]) == 16
+        assert (shared_server.data_dir / "fs" / first["path"]) == chunk_file(shared_server, key)
+        bad = c.post("/v1/buckets/kvcache/locate", json={"keys": "not-a-list"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "InvalidRequest"
+    anon = httpx.post(f"{shared_server.url}/v1/buckets/kvcache/locate", json={"keys": [key]})
+    assert anon.status_code == 401 and anon.json()["error"]["code"] == "Unauthorized"
+
+
+@pytest.mark.parametrize("entry", [
+    {"size": 1, "checksum": "00", "path": "../etc/passwd"},
+    {"size": 1, "checksum": "00", "path": "/etc/passwd"},
+    {"size": 1, "checksum": "00", "path": "chunks/../../x"},
+    {"size": -1, "checksum": "00", "path": "chunks/a"},
+    {"size": 1, "checksum": "zz", "path": "chunks/a"},
+    {"size": 1},
+])
+def test_locate_answers_that_could_escape_the_root_are_refused(entry: dict[str, object]) -> None:
+    with pytest.raises(ProtocolError):
+        parse_locations({"chunks": [entry]}, 1, 1 << 30)
+    with pytest.raises(ProtocolError):
+        parse_locations({"chunks": []}, 1, 1 << 30)
