@@ -148,6 +148,21 @@ async def test_prefetch_stages_s3_chunks_ahead_of_reads(gateway: Gateway) -> Non
     assert again.local == 4 and again.accepted == 0
 
 
+async def test_locate_gives_file_paths_only_for_filesystem_copies(gateway: Gateway) -> None:
+    bucket = await make_bucket(gateway, "loc")
+    await put(gateway, bucket, "local", b"l" * 1000)
+    await put(gateway, bucket, "remote", b"r" * 2000)
+    entry = gateway.index.get(chunk_digest("loc", "remote"))
+    assert entry is not None
+    await gateway.service.demote(chunk_digest("loc", "remote"), entry)
+    local, remote, absent = await gateway.service.locate(bucket, ["local", "remote", "absent"])
+    assert absent is None
+    assert local is not None and local.path is not None and local.info.size == 1000
+    assert str(gateway.fs.root / local.path) == gateway.fs.path_for(chunk_digest("loc", "local"))
+    # S3 only: no path, the client reads it through batch-get (which promotes it)
+    assert remote is not None and remote.path is None and remote.info.size == 2000
+
+
 async def test_write_tier_s3(gateway: Gateway, s3_endpoint: S3Endpoint, s3_bucket: str) -> None:
     bucket = await make_bucket(gateway, "direct", write_tier="s3")
     data = os.urandom(20 << 20)  # above the S3 tier's part size: a multipart upload
