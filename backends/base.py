@@ -110,3 +110,7 @@ class FileLocator(Protocol):
     def relative_path(self, digest: bytes) -> str:
         """The chunk file's path relative to the tier root, with ``/`` separators."""
         ...
+
+    async def will_read(self, digests: list[bytes]) -> None:
+        """Hint that these chunks are about to be read: start reading them from disk now."""
+        ...

@@ -513,7 +513,19 @@ class ChunkService:
                                                   [keys[i] for i in misses], strict=False)
             for i, info in zip(misses, found, strict=True):
                 infos[i] = info
+        self._read_ahead(infos)
         return infos
+
+    def _read_ahead(self, infos: list[ChunkInfo | None]) -> None:
+        """Let the filesystem tier start reading a batch's chunks from disk while the first is served."""
+        fs = self.tiers.get(TIER_FS)
+        if not isinstance(fs, FileLocator):
+            return
+        digests = [chunk_digest(i.bucket, i.key) for i in infos if i is not None and i.tiers & TIER_FS]
+        if len(digests) > 1:
+            task = asyncio.ensure_future(fs.will_read(digests))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def open_info(self, info: ChunkInfo, byte_range: tuple[int | None, int | None] | None = None
                         ) -> ChunkBody:
