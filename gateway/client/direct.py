@@ -76,11 +76,26 @@ class DirectReader:
         self._pool = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvgw-direct")
 
     async def read_all(self, jobs: list[tuple[Location, Destination]]) -> list[ReadResult]:
-        """Read every job (at most ``threads`` at a time); results in job order."""
-        loop = asyncio.get_running_loop()
-        return list(await asyncio.gather(*(
-            loop.run_in_executor(self._pool, self.read_into, loc, dest) for loc, dest in jobs
-        )))
+        """Read every job (at most ``threads`` at a time); results in job order.
+
+        The threads write into the caller's buffers, which the caller frees or reuses as soon as this
+        returns or raises. So it never leaves a read running behind it: when cancelled, reads not yet
+        started are dropped and running ones are waited for (one chunk read: milliseconds).
+        """
+        futures: list[cf.Future[ReadResult]] = []
+        try:
+            for loc, dest in jobs:
+                futures.append(self._pool.submit(self.read_into, loc, dest))
+        except RuntimeError:  # the pool is shut down: the client is closing
+            cf.wait(futures)
+            return [ReadResult.UNREADABLE] * len(jobs)
+        try:
+            return [await asyncio.wrap_future(f) for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            cf.wait(futures)
+            raise
 
     def read_into(self, loc: Location, dest: Destination) -> ReadResult:
         assert loc.path is not None
@@ -109,7 +124,7 @@ class DirectReader:
         return ReadResult.OK if hasher.intdigest() == loc.checksum else ReadResult.MISMATCH
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False)  # reads already queued finish: their buffers are still lent out
 
 
 def _pread_exact(fd: int, view: memoryview, pos: int) -> bool:
