@@ -497,8 +497,10 @@ class ChunkService:
             raise NoSuchChunk()
         return await self.open_info(info, byte_range)
 
-    async def open_many(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[ChunkInfo | None]:
-        """Resolve many keys for a batch read (one index transaction for the hits)."""
+    async def open_many(self, bucket: BucketPolicy, keys: Sequence[str], *, read_ahead: bool = False
+                        ) -> list[ChunkInfo | None]:
+        """Resolve many keys for a batch read (one index transaction for the hits). ``read_ahead``:
+        the gateway itself is about to read them all, so the filesystem tier may start now."""
         digests = self._digests(bucket, keys)
         asyncio.get_running_loop().call_soon(self.events.chained, bucket.name, digests)
         now = self.clock()
@@ -513,7 +515,8 @@ class ChunkService:
                                                   [keys[i] for i in misses], strict=False)
             for i, info in zip(misses, found, strict=True):
                 infos[i] = info
-        self._read_ahead(infos)
+        if read_ahead:
+            self._read_ahead(infos)
         return infos
 
     def _read_ahead(self, infos: list[ChunkInfo | None]) -> None:

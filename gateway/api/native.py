@@ -327,7 +327,7 @@ class NativeAPI:
         """Stream every requested chunk in order; the next chunk is read while this one is sent."""
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys = await self._keys(req)
-        infos = await self.service.open_many(bucket, keys)
+        infos = await self.service.open_many(bucket, keys, read_ahead=True)
         headers = self._base_headers(req)
         headers.append((b"content-type", wire.BATCH_CONTENT_TYPE.encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
