@@ -12,6 +12,7 @@ has its magic has all of its bytes. JSON keeps the format inspectable and extens
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 from backends.base import ChunkMeta
@@ -69,3 +70,17 @@ def decode_meta(body: bytes, total_size: int) -> ChunkMeta:
     if meta.size + len(body) + TAIL.size != total_size:
         raise ChunkCorrupt("chunk size does not match its footer")
     return meta
+
+
+def read_meta(path: str) -> ChunkMeta:
+    """The ChunkMeta recorded in a chunk file's footer (two small preads, no data read).
+    OSError if the file cannot be read; ChunkCorrupt if its footer is missing or damaged."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        total = os.fstat(fd).st_size
+        tail_at = max(total - TAIL.size, 0)
+        n = footer_length(os.pread(fd, TAIL.size, tail_at))
+        body = os.pread(fd, n, tail_at - n) if tail_at >= n else b""
+        return decode_meta(body, total)
+    finally:
+        os.close(fd)

@@ -294,26 +294,14 @@ class PosixTier:
             os.close(fd)
 
     async def stat(self, digest: bytes) -> ChunkMeta:
-        return await _run(self._stat_sync, self.path_for(digest), what="stat chunk")
-
-    @staticmethod
-    def _stat_sync(path: str) -> ChunkMeta:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            total = os.fstat(fd).st_size
-            tail_at = max(total - chunkfile.TAIL.size, 0)
-            n = chunkfile.footer_length(os.pread(fd, chunkfile.TAIL.size, tail_at))
-            body = os.pread(fd, n, tail_at - n) if tail_at >= n else b""
-            return chunkfile.decode_meta(body, total)
-        finally:
-            os.close(fd)
+        return await _run(chunkfile.read_meta, self.path_for(digest), what="stat chunk")
 
     async def stat_many(self, digests: list[bytes]) -> list[ChunkMeta | None]:
         def stat_all() -> list[ChunkMeta | None]:
             out: list[ChunkMeta | None] = []
             for digest in digests:
                 try:
-                    out.append(self._stat_sync(self.path_for(digest)))
+                    out.append(chunkfile.read_meta(self.path_for(digest)))
                 except FileNotFoundError:
                     out.append(None)
                 except BackendError:
@@ -370,7 +358,7 @@ class PosixTier:
             except ValueError:
                 continue
             try:
-                meta: ChunkMeta | None = self._stat_sync(f"{shard}/{name}")
+                meta: ChunkMeta | None = chunkfile.read_meta(f"{shard}/{name}")
             except FileNotFoundError:
                 continue
             except BackendError:

@@ -146,18 +146,6 @@ def _write_json_atomic(path: str, doc: Mapping[str, object], fsync: bool) -> Non
     os.rename(tmp, path)
 
 
-def _read_part_meta(path: str) -> ChunkMeta:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        total = os.fstat(fd).st_size
-        tail_at = max(total - chunkfile.TAIL.size, 0)
-        n = chunkfile.footer_length(os.pread(fd, chunkfile.TAIL.size, tail_at))
-        body = os.pread(fd, n, tail_at - n) if tail_at >= n else b""
-        return chunkfile.decode_meta(body, total)
-    finally:
-        os.close(fd)
-
-
 class MultipartStore:
     """The staging area for multipart uploads (see the module docstring)."""
 
@@ -323,7 +311,7 @@ class MultipartStore:
                 if match is None:
                     continue
                 try:
-                    meta = _read_part_meta(f"{path}/{name}")
+                    meta = chunkfile.read_meta(f"{path}/{name}")
                     modified = os.stat(f"{path}/{name}").st_mtime
                 except (FileNotFoundError, ChunkCorrupt):
                     continue

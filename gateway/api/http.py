@@ -13,7 +13,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from email.utils import formatdate
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import orjson
@@ -149,3 +149,57 @@ async def send_response(send: Send, status: int, headers: Headers, body: bytes =
 
 def json_body(doc: Any) -> bytes:
     return orjson.dumps(doc)
+
+
+class ResponseState:
+    """Tracks whether a response has started, so an error after that point is not sent twice."""
+
+    __slots__ = ("_send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+class Body(Protocol):
+    """Response bytes held whole (``data``) or streamed in pieces (iteration); the service's ChunkBody."""
+
+    data: bytes | memoryview | None
+
+    def __aiter__(self) -> AsyncIterator[bytes | memoryview]: ...
+
+
+async def send_body(send: Send, status: int, headers: Headers, body: Body) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    if body.data is not None:
+        await send({"type": "http.response.body", "body": body.data})
+        return
+    async for piece in body:
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def parse_range(raw: str | None) -> tuple[int | None, int | None] | None:
+    """One ``bytes=`` range as (first, last), either may be None (suffix / open end); None to serve
+    the whole body, also for forms we do not serve (RFC 9110 lets a server ignore such a Range)."""
+    if raw is None:
+        return None
+    unit, _, spec = raw.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    first, last = first.strip(), last.strip()
+    if not dash or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+        return None
+    if first == "" and last == "":
+        return None
+    start = int(first) if first else None
+    end = int(last) if last else None
+    if start is not None and end is not None and end < start:
+        return None
+    return start, end

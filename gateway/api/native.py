@@ -29,14 +29,16 @@ from gateway import wire
 from gateway.access import Action, Directory, Principal
 from gateway.api.http import (
     Headers,
-    Message,
     Receive,
     Request,
+    ResponseState,
     Scope,
     Send,
     http_date,
     json_body,
+    parse_range,
     path_segment,
+    send_body,
     send_response,
 )
 from gateway.errors import (
@@ -116,7 +118,7 @@ class NativeAPI:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = Request(scope, receive)
-        state = _ResponseState(send)
+        state = ResponseState(send)
         try:
             handler, bucket, key = self._route(req)
             await handler(req, state.send, bucket, key)
@@ -184,7 +186,7 @@ class NativeAPI:
         ]
         return headers
 
-    async def _send_error(self, req: Request, state: _ResponseState, exc: KvgwError) -> None:
+    async def _send_error(self, req: Request, state: ResponseState, exc: KvgwError) -> None:
         if state.started:
             log.warning("request %s failed after its response started: %s", req.request_id, exc.code)
             return
@@ -263,7 +265,7 @@ class NativeAPI:
 
     async def _get(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
-        byte_range = _parse_range(req.header("range"))
+        byte_range = parse_range(req.header("range"))
         body = await self.service.open(bucket, key, byte_range)
         try:
             headers = self._chunk_headers(req, body.info, TIER_NAMES[body.tier])
@@ -374,31 +376,6 @@ class NativeAPI:
         await send({"type": "http.response.body", "body": wire.encode_batch_trailer(len(keys))})
 
 
-class _ResponseState:
-    """Tracks whether a response has started, so an error after that point is not sent twice."""
-
-    __slots__ = ("_send", "started")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.started = False
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.started = True
-        await self._send(message)
-
-
-async def send_body(send: Send, status: int, headers: Headers, body: ChunkBody) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    if body.data is not None:
-        await send({"type": "http.response.body", "body": body.data})
-        return
-    async for piece in body:
-        await send({"type": "http.response.body", "body": piece, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
-
-
 def _location_doc(loc: ChunkLocation | None) -> dict[str, Any] | None:
     """``{"size", "checksum", "path"}`` for a file copy, ``{"size", "checksum", "tier": "s3"}`` when
     only S3 holds the chunk (read it through batch-get, which promotes it), None when absent."""
@@ -445,22 +422,3 @@ def _parse_parent(raw: str | None) -> str | None:
     except (InvalidKeyError, ValueError):
         raise InvalidKey(f"{wire.H_PARENT} is not a valid key") from None
     return parent
-
-
-def _parse_range(raw: str | None) -> tuple[int | None, int | None] | None:
-    """One ``bytes=`` range, or None to serve the whole chunk (also for forms we do not serve)."""
-    if raw is None:
-        return None
-    unit, _, spec = raw.strip().partition("=")
-    if unit.strip().lower() != "bytes" or "," in spec:
-        return None  # RFC 9110: a server may ignore a Range it does not support
-    first, dash, last = spec.strip().partition("-")
-    if not dash or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
-        return None
-    if first == "" and last == "":
-        return None
-    start = int(first) if first else None
-    end = int(last) if last else None
-    if start is not None and end is not None and end < start:
-        return None
-    return start, end

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway.access import Directory, Principal
-from gateway.api.http import Message, Receive, Request, Scope, Send
+from gateway.api.http import Receive, Request, ResponseState, Scope, Send
 from gateway.api.s3 import auth as sigv4_auth
 from gateway.api.s3.auth import AuthResult
 from gateway.api.s3.buckets import BucketHandlers
@@ -139,7 +139,7 @@ class S3API:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = Request(scope, receive)
-        state = _ResponseState(send)
+        state = ResponseState(send)
         target = Target(None, None)
         try:
             target = self.addressing.target(req.header("host"), req.raw_path)
@@ -174,7 +174,7 @@ class S3API:
         result = sigv4_auth.verify(claim, secret)
         return result, self.directory.principal_for(claim.access_key)
 
-    async def _send_error(self, req: Request, state: _ResponseState, exc: S3Error) -> None:
+    async def _send_error(self, req: Request, state: ResponseState, exc: S3Error) -> None:
         if state.started:
             log.warning("S3 request %s failed after its response started: %s", req.request_id, exc.code)
             return
@@ -188,16 +188,3 @@ class S3API:
         headers.append((b"content-length", str(len(answer.body)).encode()))
         await state.send({"type": "http.response.start", "status": answer.status, "headers": headers})
         await state.send({"type": "http.response.body", "body": answer.body})
-
-
-class _ResponseState:
-    __slots__ = ("_send", "started")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.started = False
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.started = True
-        await self._send(message)

@@ -17,8 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
 
 from gateway.access import Action
-from gateway.api.http import http_date
-from gateway.api.native import send_body
+from gateway.api.http import http_date, parse_range, send_body
 from gateway.api.s3 import xml
 from gateway.api.s3.checksums import ALGORITHMS
 from gateway.api.s3.common import DRAIN_LIMIT, Call, Gateway, as_bytes, body_payload, object_key, read_small_body
@@ -128,26 +127,6 @@ def check_read_conditions(call: Call, info: ChunkInfo) -> None:
 
 def _not_modified(info: ChunkInfo) -> S3Error:
     return S3Error("NotModified", headers={"ETag": info.etag, "Last-Modified": http_date(info.created)})
-
-
-def parse_range(raw: str | None) -> tuple[int | None, int | None] | None:
-    """One ``bytes=`` range; None (serve everything) for forms S3 ignores (several ranges, other units)."""
-    if raw is None:
-        return None
-    unit, _, spec = raw.strip().partition("=")
-    if unit.strip().lower() != "bytes" or "," in spec:
-        return None
-    first, dash, last = spec.strip().partition("-")
-    first, last = first.strip(), last.strip()
-    if not dash or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
-        return None
-    if first == "" and last == "":
-        return None
-    start = int(first) if first else None
-    end = int(last) if last else None
-    if start is not None and end is not None and end < start:
-        return None
-    return start, end
 
 
 class ObjectHandlers:
