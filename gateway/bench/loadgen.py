@@ -24,12 +24,14 @@ timing, barrier and statistics); ``run_load`` is ``run_ops`` with an ``HttpConne
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 Body = bytes | bytearray | memoryview
 Address = tuple[str, int]
@@ -392,7 +394,7 @@ class _ClientResult:
 
 
 def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float | None = None,
-            count: int | None = None) -> Stats:
+            count: int | None = None, processes: bool = False) -> Stats:
     """Run ``clients`` threads, each calling the op ``open_client(i)`` returned, until ``duration``
     seconds have passed or ``count`` operations have started in total (exactly one of the two).
 
@@ -401,66 +403,19 @@ def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float |
     ``duration``, the client's own counter 0, 1, 2... It returns the payload bytes it moved and raises
     on failure (counted as an error; the client goes on). Operations started before the deadline
     finish and count (see ``Stats`` for how they enter the rates).
+
+    ``processes=True`` (duration only) runs each client in its own forked process instead: for
+    clients that hold the GIL for much of their work (boto3 signing and checksumming every body),
+    so that the server, not one client process, is what is measured.
     """
     if (duration is None) == (count is None):
         raise ValueError("give exactly one of duration and count")
-    results = [_ClientResult() for _ in range(clients)]
-    clock: dict[str, float] = {}
-
-    def start_clock() -> None:
-        clock["t0"] = time.perf_counter()
-
-    barrier = threading.Barrier(clients, action=start_clock)
-    tickets = itertools.count()
-
-    def client(i: int) -> None:
-        res = results[i]
-        op: Op | None = None
-        try:
-            op = open_client(i)
-        except Exception as exc:
-            res.errors += 1
-            res.samples.append(f"setup: {type(exc).__name__}: {exc}")
-        barrier.wait()
-        cpu0 = time.thread_time()
-        deadline = clock["t0"] + duration if duration is not None else float("inf")
-        perf = time.perf_counter
-        own = itertools.count()
-        while op is not None:
-            if duration is not None:
-                if perf() >= deadline:
-                    break
-                seq = next(own)
-            else:
-                seq = next(tickets)
-                if seq >= (count or 0):
-                    break
-            began = perf()
-            try:
-                moved = op(seq)
-            except Exception as exc:
-                res.errors += 1
-                if len(res.samples) < _ERROR_SAMPLES:
-                    res.samples.append(f"{type(exc).__name__}: {exc}")
-                if not isinstance(exc, StatusError):
-                    time.sleep(0.001)  # a dead target must not turn into a busy loop
-                continue
-            ended = perf()
-            res.latencies.append(ended - began)
-            res.ops += 1
-            res.bytes += moved
-            share = 1.0 if ended <= deadline else max(0.0, deadline - began) / max(ended - began, 1e-9)
-            res.window_ops += share
-            res.window_bytes += share * moved
-        res.finished = perf()
-        res.cpu = time.thread_time() - cpu0
-
-    threads = [threading.Thread(target=client, args=(i,), name=f"loadgen-{i}", daemon=True)
-               for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if processes:
+        if duration is None:
+            raise ValueError("processes=True needs a duration")
+        results, t0 = _clients_in_processes(open_client, clients, duration)
+    else:
+        results, t0 = _clients_in_threads(open_client, clients, duration, count)
     stats = Stats(clients=clients)
     for res in results:
         stats.ops += res.ops
@@ -471,9 +426,112 @@ def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float |
         stats.latencies.extend(res.latencies)
         stats.client_cpu += res.cpu
         stats.error_samples.extend(res.samples[: _ERROR_SAMPLES - len(stats.error_samples)])
-    stats.elapsed = max(res.finished for res in results) - clock["t0"] if results else 0.0
+    stats.elapsed = max(res.finished for res in results) - t0 if results else 0.0
     stats.window = duration if duration is not None else stats.elapsed
     return stats
+
+
+def _open(open_client: Callable[[int], Op], i: int, res: _ClientResult) -> Op | None:
+    try:
+        return open_client(i)
+    except Exception as exc:
+        res.errors += 1
+        res.samples.append(f"setup: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _drive(op: Op | None, res: _ClientResult, deadline: float, next_seq: Callable[[], int | None]) -> None:
+    """One client's loop: ops until the deadline or until ``next_seq`` runs out (None)."""
+    cpu0 = time.thread_time()
+    perf = time.perf_counter
+    while op is not None:
+        if perf() >= deadline:
+            break
+        seq = next_seq()
+        if seq is None:
+            break
+        began = perf()
+        try:
+            moved = op(seq)
+        except Exception as exc:
+            res.errors += 1
+            if len(res.samples) < _ERROR_SAMPLES:
+                res.samples.append(f"{type(exc).__name__}: {exc}")
+            if not isinstance(exc, StatusError):
+                time.sleep(0.001)  # a dead target must not turn into a busy loop
+            continue
+        ended = perf()
+        res.latencies.append(ended - began)
+        res.ops += 1
+        res.bytes += moved
+        share = 1.0 if ended <= deadline else max(0.0, deadline - began) / max(ended - began, 1e-9)
+        res.window_ops += share
+        res.window_bytes += share * moved
+    res.finished = perf()
+    res.cpu = time.thread_time() - cpu0
+
+
+def _clients_in_threads(open_client: Callable[[int], Op], clients: int, duration: float | None,
+                        count: int | None) -> tuple[list[_ClientResult], float]:
+    results = [_ClientResult() for _ in range(clients)]
+    clock: dict[str, float] = {}
+    barrier = threading.Barrier(clients, action=lambda: clock.__setitem__("t0", time.perf_counter()))
+    tickets = itertools.count()
+    tickets_lock = threading.Lock()
+
+    def next_ticket() -> int | None:
+        with tickets_lock:
+            seq = next(tickets)
+        return seq if seq < (count or 0) else None
+
+    def client(i: int) -> None:
+        op = _open(open_client, i, results[i])
+        barrier.wait()
+        if duration is not None:
+            own = itertools.count()
+            _drive(op, results[i], clock["t0"] + duration, lambda: next(own))
+        else:
+            _drive(op, results[i], float("inf"), next_ticket)
+
+    threads = [threading.Thread(target=client, args=(i,), name=f"loadgen-{i}", daemon=True)
+               for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, clock.get("t0", 0.0)
+
+
+def _clients_in_processes(open_client: Callable[[int], Op], clients: int, duration: float
+                          ) -> tuple[list[_ClientResult], float]:
+    """Forked children (they inherit ``open_client``, no pickling); perf_counter is the system-wide
+    monotonic clock, so the children's deadlines and finish times compare with the parent's."""
+    ctx = multiprocessing.get_context("fork")
+    t0 = ctx.Value("d", 0.0, lock=False)
+    barrier = ctx.Barrier(clients, action=lambda: setattr(t0, "value", time.perf_counter()))
+
+    def child(i: int, conn: Connection) -> None:
+        res = _ClientResult()
+        op = _open(open_client, i, res)
+        barrier.wait()
+        own = itertools.count()
+        _drive(op, res, t0.value + duration, lambda: next(own))
+        conn.send(res)
+        conn.close()
+
+    pipes = [ctx.Pipe(duplex=False) for _ in range(clients)]
+    procs = [ctx.Process(target=child, args=(i, pipes[i][1]), daemon=True) for i in range(clients)]
+    for proc in procs:
+        proc.start()
+    results: list[_ClientResult] = []
+    for (reader, writer), proc in zip(pipes, procs, strict=True):
+        writer.close()
+        try:
+            results.append(reader.recv())
+        except EOFError:
+            results.append(_ClientResult(errors=1, samples=[f"client process exited with {proc.exitcode}"]))
+        proc.join()
+    return results, float(t0.value)
 
 
 MakeRequest = Callable[[int, int], Request]  # (client index, seq) -> the request to send

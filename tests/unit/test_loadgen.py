@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import os
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -252,6 +253,31 @@ def test_rates_count_only_the_window() -> None:
     assert stats.ops == 2 and stats.elapsed >= 0.3 and stats.window == 0.2
     assert 5.0 < stats.ops_per_s < 7.5
     assert stats.bytes_per_s == pytest.approx(300 * stats.ops_per_s)
+
+
+def test_clients_in_processes_run_in_separate_processes() -> None:
+    """Each client is its own process (its own GIL); results and the window come back to the parent."""
+    parent = os.getpid()
+
+    def opener(i: int) -> Op:
+        if i == 2:
+            raise RuntimeError("cannot connect")
+
+        def op(seq: int) -> int:
+            time.sleep(0.01)
+            if seq == 3 or os.getpid() == parent:
+                raise ValueError("one bad op, or an op run in the parent")
+            return 5
+
+        return op
+
+    stats = run_ops(opener, 3, duration=0.2, processes=True)
+    assert 10 <= stats.ops <= 45 and stats.errors == 3  # one setup failure, one bad op per live client
+    assert stats.bytes == 5 * stats.ops
+    assert 0.19 <= stats.elapsed < 2.0 and stats.window == 0.2
+    assert any("cannot connect" in e for e in stats.error_samples)
+    with pytest.raises(ValueError):
+        run_ops(opener, 1, count=5, processes=True)
 
 
 def test_request_once_and_percentile(server: TinyServer) -> None:
