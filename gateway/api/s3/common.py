@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from backends.catalog.store import BucketPolicy
 from gateway.access import Action, Directory, Principal
@@ -160,9 +161,10 @@ async def read_small_body(call: Call, limit: int, *, header_checksums: bool = Tr
     return bytes(buf)
 
 
-async def as_bytes(pieces: AsyncIterator[memoryview]) -> AsyncIterator[bytes]:
-    async for piece in pieces:
-        yield piece  # type: ignore[misc]  # memoryviews are bytes-like for every consumer here
+def as_bytes(pieces: AsyncIterator[memoryview]) -> AsyncIterator[bytes]:
+    """The same iterator, typed as the service takes bodies: memoryviews are bytes-like for every
+    consumer there (no generator in between, which would cost a step per piece)."""
+    return cast(AsyncIterator[bytes], pieces)
 
 
 def anonymous_auth(content_sha256: str | None) -> AuthResult:

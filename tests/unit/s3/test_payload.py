@@ -6,6 +6,7 @@ import base64
 import hashlib
 import random
 import sys
+import zlib
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from gateway.api.s3.errors import (
     S3Error,
     XAmzContentSHA256Mismatch,
 )
-from gateway.api.s3.payload import Payload, open_payload, strip_aws_chunked
+from gateway.api.s3.payload import HASH_BATCH_BYTES, Payload, open_payload, strip_aws_chunked
 from tests.unit.s3.clients import Wire, aiter_pieces, boto_wire, collect, split_randomly
 
 DATA = random.Random(7).randbytes(3 * 1024 * 1024 + 17)
@@ -51,6 +52,21 @@ async def test_botocore_http_signed_payload_with_crc32_header() -> None:
     payload = _open(wire)
     assert await collect(payload) == DATA
     assert set(payload.checksums) == {"sha256", "crc32"}
+
+
+async def test_large_body_hashed_in_batches_off_the_loop() -> None:
+    """Past HASH_BATCH_BYTES the checksums are computed in a worker thread, batch by batch: the
+    digests equal one-shot ones, and a byte changed inside a middle batch is still caught."""
+    assert len(DATA) > 2 * HASH_BATCH_BYTES
+    wire = boto_wire(_put())
+    payload = _open(wire)
+    assert await collect(payload) == DATA
+    assert payload.checksums["sha256"] == base64.b64encode(hashlib.sha256(DATA).digest()).decode()
+    assert payload.checksums["crc32"] == base64.b64encode(zlib.crc32(DATA).to_bytes(4, "big")).decode()
+    damaged = bytearray(DATA)
+    damaged[HASH_BATCH_BYTES + 5] ^= 1
+    with pytest.raises(BadDigest):  # the CRC32 header is checked first, then the signed SHA-256
+        await collect(_open(wire, bytes(damaged)))
 
 
 async def test_sha256_mismatch() -> None:
