@@ -391,10 +391,17 @@ class _ClientResult:
     samples: list[str] = field(default_factory=list)
     cpu: float = 0.0
     finished: float = 0.0
+    statuses: Counter[int] = field(default_factory=Counter)
+    connects: int = 0
+
+
+Finish = Callable[[int, _ClientResult], None]
+"""Called in the client's thread or process after its last op: close what ``open_client`` opened and
+record extra results (``run_load``: HTTP statuses and connections) into the client's result."""
 
 
 def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float | None = None,
-            count: int | None = None, processes: bool = False) -> Stats:
+            count: int | None = None, processes: bool = False, finish: Finish | None = None) -> Stats:
     """Run ``clients`` threads, each calling the op ``open_client(i)`` returned, until ``duration``
     seconds have passed or ``count`` operations have started in total (exactly one of the two).
 
@@ -404,18 +411,14 @@ def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float |
     on failure (counted as an error; the client goes on). Operations started before the deadline
     finish and count (see ``Stats`` for how they enter the rates).
 
-    ``processes=True`` (duration only) runs each client in its own forked process instead: for
-    clients that hold the GIL for much of their work (boto3 signing and checksumming every body),
-    so that the server, not one client process, is what is measured.
+    ``processes=True`` runs each client in its own forked process instead (``open_client``, the op
+    and ``finish`` run there; tickets come from a shared counter): no client shares a GIL with
+    another, so the server, not the client process, is what is measured.
     """
     if (duration is None) == (count is None):
         raise ValueError("give exactly one of duration and count")
-    if processes:
-        if duration is None:
-            raise ValueError("processes=True needs a duration")
-        results, t0 = _clients_in_processes(open_client, clients, duration)
-    else:
-        results, t0 = _clients_in_threads(open_client, clients, duration, count)
+    run = _clients_in_processes if processes else _clients_in_threads
+    results, t0 = run(_Client(open_client, finish), clients, duration, count)
     stats = Stats(clients=clients)
     for res in results:
         stats.ops += res.ops
@@ -425,19 +428,36 @@ def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float |
         stats.window_bytes += res.window_bytes
         stats.latencies.extend(res.latencies)
         stats.client_cpu += res.cpu
+        stats.statuses.update(res.statuses)
+        stats.connects += res.connects
         stats.error_samples.extend(res.samples[: _ERROR_SAMPLES - len(stats.error_samples)])
     stats.elapsed = max(res.finished for res in results) - t0 if results else 0.0
     stats.window = duration if duration is not None else stats.elapsed
     return stats
 
 
-def _open(open_client: Callable[[int], Op], i: int, res: _ClientResult) -> Op | None:
-    try:
-        return open_client(i)
-    except Exception as exc:
-        res.errors += 1
-        res.samples.append(f"setup: {type(exc).__name__}: {exc}")
-        return None
+@dataclass
+class _Client:
+    """What one client runs, in a thread or in a process: open, ops until told to stop, finish."""
+
+    open_client: Callable[[int], Op]
+    finish: Finish | None
+
+    def run(self, i: int, ready: Callable[[], float], next_seq: Callable[[], int | None],
+            duration: float | None) -> _ClientResult:
+        """``ready`` waits for every client to be open and returns the start time."""
+        res = _ClientResult()
+        try:
+            op: Op | None = self.open_client(i)
+        except Exception as exc:
+            res.errors += 1
+            res.samples.append(f"setup: {type(exc).__name__}: {exc}")
+            op = None
+        t0 = ready()
+        _drive(op, res, t0 + duration if duration is not None else float("inf"), next_seq)
+        if self.finish is not None:
+            self.finish(i, res)
+        return res
 
 
 def _drive(op: Op | None, res: _ClientResult, deadline: float, next_seq: Callable[[], int | None]) -> None:
@@ -471,30 +491,39 @@ def _drive(op: Op | None, res: _ClientResult, deadline: float, next_seq: Callabl
     res.cpu = time.thread_time() - cpu0
 
 
-def _clients_in_threads(open_client: Callable[[int], Op], clients: int, duration: float | None,
-                        count: int | None) -> tuple[list[_ClientResult], float]:
+def _sequence(duration: float | None, count: int | None, take: Callable[[], int]) -> Callable[[], int | None]:
+    """A client's ``next_seq``: its own counter with a duration, else shared tickets below ``count``."""
+    if duration is not None:
+        return itertools.count().__next__
+    limit = count or 0
+
+    def ticket() -> int | None:
+        seq = take()
+        return seq if seq < limit else None
+
+    return ticket
+
+
+def _clients_in_threads(client: _Client, clients: int, duration: float | None, count: int | None
+                        ) -> tuple[list[_ClientResult], float]:
     results = [_ClientResult() for _ in range(clients)]
     clock: dict[str, float] = {}
     barrier = threading.Barrier(clients, action=lambda: clock.__setitem__("t0", time.perf_counter()))
     tickets = itertools.count()
     tickets_lock = threading.Lock()
 
-    def next_ticket() -> int | None:
+    def take() -> int:
         with tickets_lock:
-            seq = next(tickets)
-        return seq if seq < (count or 0) else None
+            return next(tickets)
 
-    def client(i: int) -> None:
-        op = _open(open_client, i, results[i])
+    def ready() -> float:
         barrier.wait()
-        if duration is not None:
-            own = itertools.count()
-            _drive(op, results[i], clock["t0"] + duration, lambda: next(own))
-        else:
-            _drive(op, results[i], float("inf"), next_ticket)
+        return clock["t0"]
 
-    threads = [threading.Thread(target=client, args=(i,), name=f"loadgen-{i}", daemon=True)
-               for i in range(clients)]
+    def run(i: int) -> None:
+        results[i] = client.run(i, ready, _sequence(duration, count, take), duration)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"loadgen-{i}", daemon=True) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -502,21 +531,27 @@ def _clients_in_threads(open_client: Callable[[int], Op], clients: int, duration
     return results, clock.get("t0", 0.0)
 
 
-def _clients_in_processes(open_client: Callable[[int], Op], clients: int, duration: float
+def _clients_in_processes(client: _Client, clients: int, duration: float | None, count: int | None
                           ) -> tuple[list[_ClientResult], float]:
-    """Forked children (they inherit ``open_client``, no pickling); perf_counter is the system-wide
+    """Forked children (they inherit ``client``, no pickling); perf_counter is the system-wide
     monotonic clock, so the children's deadlines and finish times compare with the parent's."""
     ctx = multiprocessing.get_context("fork")
     t0 = ctx.Value("d", 0.0, lock=False)
     barrier = ctx.Barrier(clients, action=lambda: setattr(t0, "value", time.perf_counter()))
+    tickets = ctx.Value("q", 0)
+
+    def take() -> int:
+        with tickets.get_lock():
+            seq: int = tickets.value
+            tickets.value = seq + 1
+        return seq
+
+    def ready() -> float:
+        barrier.wait()
+        return float(t0.value)
 
     def child(i: int, conn: Connection) -> None:
-        res = _ClientResult()
-        op = _open(open_client, i, res)
-        barrier.wait()
-        own = itertools.count()
-        _drive(op, res, t0.value + duration, lambda: next(own))
-        conn.send(res)
+        conn.send(client.run(i, ready, _sequence(duration, count, take), duration))
         conn.close()
 
     pipes = [ctx.Pipe(duplex=False) for _ in range(clients)]
@@ -539,26 +574,23 @@ MakeRequest = Callable[[int, int], Request]  # (client index, seq) -> the reques
 
 def run_load(address: Address, make_request: MakeRequest, clients: int, *, duration: float | None = None,
              count: int | None = None, body_buffer_bytes: int = DEFAULT_BODY_BUFFER_BYTES,
-             timeout: float = 120.0) -> Stats:
-    """HTTP load: each client thread owns one keep-alive connection and sends ``make_request(i, seq)``
-    (``seq`` as in ``run_ops``). Connections are opened before the clock starts. Bytes are request
-    plus response body bytes; a status outside the request's ``expect`` is an error."""
-    conns: list[HttpConnection] = []
-    statuses: list[Counter[int]] = []
-    lock = threading.Lock()
+             timeout: float = 120.0, processes: bool = False) -> Stats:
+    """HTTP load: each client (a thread, or a process with ``processes``) owns one keep-alive
+    connection and sends ``make_request(i, seq)`` (``seq`` as in ``run_ops``). Connections are opened
+    before the clock starts. Bytes are request plus response body bytes; a status outside the
+    request's ``expect`` is an error."""
+    conns: dict[int, HttpConnection] = {}  # the client's own, in its thread or process
+    seen: dict[int, Counter[int]] = {}
 
     def open_client(i: int) -> Op:
-        conn = HttpConnection(address, body_buffer_bytes=body_buffer_bytes, timeout=timeout)
-        seen: Counter[int] = Counter()
-        with lock:
-            conns.append(conn)
-            statuses.append(seen)
+        conn = conns[i] = HttpConnection(address, body_buffer_bytes=body_buffer_bytes, timeout=timeout)
+        statuses = seen[i] = Counter()
         conn.connect()
 
         def op(seq: int) -> int:
             req = make_request(i, seq)
             status, received = conn.request(req)
-            seen[status] += 1
+            statuses[status] += 1
             if status not in req.expect:
                 body = conn.body
                 raise StatusError(status, req.method, req.target, bytes(body[:200]) if body is not None else b"")
@@ -566,15 +598,14 @@ def run_load(address: Address, make_request: MakeRequest, clients: int, *, durat
 
         return op
 
-    try:
-        stats = run_ops(open_client, clients, duration=duration, count=count)
-    finally:
-        for conn in conns:
+    def finish(i: int, res: _ClientResult) -> None:
+        conn = conns.get(i)
+        if conn is not None:
             conn.close()
-    for seen in statuses:
-        stats.statuses.update(seen)
-    stats.connects = sum(conn.connects for conn in conns)
-    return stats
+            res.connects = conn.connects
+            res.statuses = seen[i]
+
+    return run_ops(open_client, clients, duration=duration, count=count, processes=processes, finish=finish)
 
 
 def request_once(address: Address, req: Request, *, timeout: float = 30.0) -> tuple[int, bytes]:

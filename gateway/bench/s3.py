@@ -1,7 +1,7 @@
 """``kvgw bench s3``: PUT/GET of 8 MiB objects through boto3 against kvgw's S3 API and moto, with
 kvgw's native API as the reference, all in one run on this machine.
 
-Targets, each at every client count (threads, one client or connection each):
+Targets, each at every client count (processes, one client and connection each):
 
 - ``kvgw-s3 boto3``: boto3 as an application uses it (default configuration: SigV4, CRC32 trailer
   on PUT, checksum validation on GET), path-style;
@@ -9,15 +9,21 @@ Targets, each at every client count (threads, one client or connection each):
 - ``kvgw-native``: the native API through the shared load generator (``gateway.bench.loadgen``);
 - ``kvgw-s3 loadgen``: the S3 API through that same load generator, with requests SigV4-signed in
   advance (UNSIGNED-PAYLOAD, as LMCache sends them). Against ``kvgw-native`` this isolates what the S3
-  front door costs on the server, since client and bytes are the same.
+  front door costs on the server, since client and bytes are the same;
+- ``moto loadgen`` (PUT): moto through the load generator, the same cheap client for both servers.
+
+Beside throughput and latency, each row shows the CPU milliseconds per operation used by the server
+process (``/proc/<pid>/stat`` over the phase) and by the clients: on a host where clients and server
+share the CPUs, this tells a server that is cheaper per request from one that merely got more CPU.
 
 Every PUT writes a new key (objects are write-once); GETs read back the keys the PUT phase wrote,
 round robin. GET phases alternate between the targets for ``--rounds`` rounds and the median round
 counts, so a noisy neighbour hits every target alike. Ratios are to ``kvgw-native`` at the same
-client count. boto3 clients run one per process (boto3 holds the GIL while it signs and checksums a
-body, so threads of one process would measure the client); load-generator clients are threads (their
-socket calls release the GIL). Servers and clients share this host's CPUs, so absolute numbers depend
-on the machine; compare within a run. Exit status 1 when a target fails or a request failed.
+client count. Every client, boto3 or load generator, is a process of its own (boto3 holds the GIL
+while it signs and checksums a body, and even the load generator's clients would share one GIL as
+threads), so each row measures its server, not one client process. Servers and clients share this
+host's CPUs, so absolute numbers depend on the machine; compare within a run. Exit status 1 when a
+target fails or a request failed.
 """
 
 from __future__ import annotations
@@ -31,15 +37,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from gateway.bench.loadgen import Address, Op, Request, Stats, run_load, run_ops
+from gateway.bench.procstat import cpu_seconds
 
 MiB = 1 << 20
 ACCESS_KEY = "KVBENCHROOTACCESSKEY"
@@ -87,8 +93,14 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(5)
 
 
+@dataclass(frozen=True)
+class Server:
+    url: str
+    pid: int  # the server process (uvicorn and moto_server are one process each): its CPU time is read
+
+
 @contextlib.contextmanager
-def kvgw_server(workdir: Path, *, fsync: bool) -> Iterator[str]:
+def kvgw_server(workdir: Path, *, fsync: bool) -> Iterator[Server]:
     port = free_port()
     log = workdir / "kvgw.log"
     env = dict(os.environ, KVGW_ROOT_ACCESS_KEY=ACCESS_KEY, KVGW_ROOT_SECRET_KEY=SECRET_KEY, KVGW_LOG_LEVEL="warning",
@@ -100,13 +112,13 @@ def kvgw_server(workdir: Path, *, fsync: bool) -> Iterator[str]:
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_http(f"{url}/healthz", proc, log)
-        yield url
+        yield Server(url, proc.pid)
     finally:
         _stop(proc)
 
 
 @contextlib.contextmanager
-def moto_server(workdir: Path) -> Iterator[str]:
+def moto_server(workdir: Path) -> Iterator[Server]:
     port = free_port()
     log = workdir / "moto.log"
     exe = shutil.which("moto_server")
@@ -116,7 +128,7 @@ def moto_server(workdir: Path) -> Iterator[str]:
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_http(f"{url}/moto-api/", proc, log)
-        yield url
+        yield Server(url, proc.pid)
     finally:
         _stop(proc)
 
@@ -139,26 +151,32 @@ class Result:
     op: str
     clients: int
     stats: Stats
+    keys: list[str] = field(default_factory=list)  # what a PUT phase wrote, for the GET phase
+    server_cpu: float = 0.0  # CPU seconds the server process used during the phase
 
     @property
     def mb_per_s(self) -> float:
         return self.stats.bytes_per_s / 1e6
 
+    @property
+    def server_ms_per_op(self) -> float:
+        return self.server_cpu * 1e3 / self.stats.ops if self.stats.ops else 0.0
 
-class KeyLog:
-    """Keys written per target, for the GET phase to read back round robin."""
+    @property
+    def client_ms_per_op(self) -> float:
+        return self.stats.client_cpu * 1e3 / self.stats.ops if self.stats.ops else 0.0
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.keys: list[str] = []
 
-    def add(self, key: str) -> None:
-        with self._lock:
-            self.keys.append(key)
+def on_server(server: Server, phase: Callable[[], Result]) -> Result:
+    """Run one phase and record the CPU time its server used meanwhile."""
+    before = cpu_seconds(server.pid)
+    result = phase()
+    result.server_cpu = cpu_seconds(server.pid) - before
+    return result
 
 
 def boto3_put(target: str, url: str, access_key: str, secret_key: str, clients: int, payload: bytes,
-              duration: float, tag: str) -> tuple[Result, list[str]]:
+              duration: float, tag: str) -> Result:
     """Each client a process of its own (boto3 holds the GIL while it signs and checksums)."""
     size = len(payload)
     prefix = f"bench-{tag}/c{clients}/"
@@ -173,7 +191,7 @@ def boto3_put(target: str, url: str, access_key: str, secret_key: str, clients: 
         return op
 
     stats = run_ops(open_put, clients, duration=duration, processes=True)
-    return Result(target, "PUT", clients, stats), _listed(url, access_key, secret_key, prefix)
+    return Result(target, "PUT", clients, stats, _listed(url, access_key, secret_key, prefix))
 
 
 def _listed(url: str, access_key: str, secret_key: str, prefix: str) -> list[str]:
@@ -199,25 +217,24 @@ def boto3_get(target: str, url: str, access_key: str, secret_key: str, clients: 
     return Result(target, "GET", clients, run_ops(open_get, clients, duration=duration, processes=True))
 
 
-def native_put(url: str, clients: int, payload: bytes, duration: float) -> tuple[Result, list[str]]:
+def native_put(url: str, clients: int, payload: bytes, duration: float) -> Result:
     auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
-    written = KeyLog()
+    prefix = f"native/c{clients}/"
 
     def put_request(i: int, seq: int) -> Request:
-        key = f"native/c{clients}/t{i}/{seq}"
-        written.add(key)
+        key = f"{prefix}t{i}/{seq}"
         return Request("PUT", f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}", body=payload, headers=[auth],
                        expect=(201,))
 
-    stats = run_load(_address(url), put_request, clients, duration=duration)
-    return Result(NATIVE, "PUT", clients, stats), written.keys
+    stats = run_load(_address(url), put_request, clients, duration=duration, processes=True)
+    return Result(NATIVE, "PUT", clients, stats, _listed(url, ACCESS_KEY, SECRET_KEY, prefix))
 
 
 def native_get(url: str, clients: int, keys: list[str], size: int, duration: float) -> Result:
     auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
     gets = [Request("GET", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", headers=[auth]) for k in keys]
     stats = run_load(_address(url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients, duration=duration,
-                     body_buffer_bytes=size)
+                     body_buffer_bytes=size, processes=True)
     return Result(NATIVE, "GET", clients, stats)
 
 
@@ -247,18 +264,17 @@ def signed_request(url: str, method: str, key: str, body: bytes | None, expect: 
     return Request(method, path, body=body, headers=headers, expect=expect)
 
 
-def loadgen_s3_put(target: str, url: str, clients: int, payload: bytes, tag: str, count: int
-                   ) -> tuple[Result, list[str]]:
+def loadgen_s3_put(target: str, url: str, clients: int, payload: bytes, tag: str, count: int) -> Result:
     keys = [f"loadgen-{tag}/c{clients}/{n}" for n in range(max(count, clients * 4))]
     puts = [signed_request(url, "PUT", k, payload, (200,)) for k in keys]
-    stats = run_load(_address(url), lambda i, seq: puts[seq], clients, count=len(puts))
-    return Result(target, "PUT", clients, stats), keys
+    stats = run_load(_address(url), lambda i, seq: puts[seq], clients, count=len(puts), processes=True)
+    return Result(target, "PUT", clients, stats, keys)
 
 
 def loadgen_s3_get(url: str, clients: int, keys: list[str], size: int, duration: float) -> Result:
     gets = [signed_request(url, "GET", k, None, (200,)) for k in keys]
     stats = run_load(_address(url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients,
-                     duration=duration, body_buffer_bytes=size)
+                     duration=duration, body_buffer_bytes=size, processes=True)
     return Result(S3_LOADGEN, "GET", clients, stats)
 
 
@@ -269,10 +285,12 @@ def median_result(rounds: list[Result]) -> Result:
 
 
 def _table(results: list[Result]) -> str:
+    """One line per target: throughput, latency, errors, ratios to the native API and to moto-boto3,
+    and CPU milliseconds per operation used by the server process and by the clients."""
     native = {(r.op, r.clients): r.mb_per_s for r in results if r.target == NATIVE}
     moto = {(r.op, r.clients): r.mb_per_s for r in results if r.target == MOTO_BOTO3}
     lines = [f"{'target':<22}{'op':<5}{'clients':>8}{'MB/s':>10}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-             f"{'errors':>7}{'/native':>9}{'/moto':>8}"]
+             f"{'errors':>7}{'/native':>9}{'/moto':>8}{'srv ms/op':>11}{'cli ms/op':>11}"]
     for r in sorted(results, key=lambda r: (r.op, r.clients, r.target)):
         ref = native.get((r.op, r.clients))
         ref_moto = moto.get((r.op, r.clients))
@@ -281,7 +299,7 @@ def _table(results: list[Result]) -> str:
         s = r.stats
         lines.append(f"{r.target:<22}{r.op:<5}{r.clients:>8}{r.mb_per_s:>10.0f}{s.ops_per_s:>9.1f}"
                      f"{s.percentile(0.5) * 1e3:>9.1f}{s.percentile(0.99) * 1e3:>9.1f}{s.errors:>7}"
-                     f"{ratio:>9}{ratio_moto:>8}")
+                     f"{ratio:>9}{ratio_moto:>8}{r.server_ms_per_op:>11.1f}{r.client_ms_per_op:>11.1f}")
         for sample in s.error_samples[:2]:
             lines.append(f"    error: {sample}")
     return "\n".join(lines)
@@ -338,44 +356,43 @@ def main(argv: list[str]) -> int:
             kvgw = stack.enter_context(kvgw_server(workdir, fsync=not args.no_fsync))
             moto = None if args.skip_moto else stack.enter_context(moto_server(workdir))
             if moto is not None:
-                boto3_client(moto, MOTO_KEY, MOTO_KEY, 1).create_bucket(Bucket=BUCKET)
+                boto3_client(moto.url, MOTO_KEY, MOTO_KEY, 1).create_bucket(Bucket=BUCKET)
             size = len(payload)
             for clients in clients_list:
                 print(f"  PUT, {clients} client(s): native, kvgw-s3 boto3, moto boto3, kvgw-s3 loadgen", flush=True)
                 os.sync()
-                native_result, native_keys = native_put(kvgw, clients, payload, args.duration)
-                results.append(native_result)
+                native = on_server(kvgw, functools.partial(native_put, kvgw.url, clients, payload, args.duration))
                 os.sync()
-                put, s3_keys = boto3_put(S3_BOTO3, kvgw, ACCESS_KEY, SECRET_KEY, clients, payload, args.duration,
-                                         next(tags))
-                results.append(put)
-                moto_keys: list[str] = []
+                s3 = on_server(kvgw, functools.partial(boto3_put, S3_BOTO3, kvgw.url, ACCESS_KEY, SECRET_KEY, clients,
+                                                       payload, args.duration, next(tags)))
+                results += [native, s3]
+                moto_put = None
                 if moto is not None:
-                    put, moto_keys = boto3_put(MOTO_BOTO3, moto, MOTO_KEY, MOTO_KEY, clients, payload, args.duration,
-                                               next(tags))
-                    results.append(put)
+                    moto_put = on_server(moto, functools.partial(boto3_put, MOTO_BOTO3, moto.url, MOTO_KEY, MOTO_KEY,
+                                                                 clients, payload, args.duration, next(tags)))
+                    results.append(moto_put)
                 os.sync()
-                put, loadgen_keys = loadgen_s3_put(S3_LOADGEN, kvgw, clients, payload, next(tags),
-                                                   native_result.stats.ops)
-                results.append(put)
+                loadgen = on_server(kvgw, functools.partial(loadgen_s3_put, S3_LOADGEN, kvgw.url, clients, payload,
+                                                            next(tags), native.stats.ops))
+                results.append(loadgen)
                 if moto is not None:
-                    results.append(loadgen_s3_put(MOTO_LOADGEN, moto, clients, payload, next(tags),
-                                                  native_result.stats.ops)[0])
+                    results.append(on_server(moto, functools.partial(loadgen_s3_put, MOTO_LOADGEN, moto.url, clients,
+                                                                     payload, next(tags), native.stats.ops)))
                 os.sync()
                 print(f"  GET, {clients} client(s): {args.rounds} alternating rounds", flush=True)
+                phases: list[tuple[Server, Callable[[], Result]]] = [
+                    (kvgw, functools.partial(native_get, kvgw.url, clients, native.keys, size, args.duration)),
+                    (kvgw, functools.partial(loadgen_s3_get, kvgw.url, clients, loadgen.keys, size, args.duration)),
+                    (kvgw, functools.partial(boto3_get, S3_BOTO3, kvgw.url, ACCESS_KEY, SECRET_KEY, clients, s3.keys,
+                                             size, args.duration)),
+                ]
+                if moto is not None and moto_put is not None and moto_put.keys:
+                    phases.append((moto, functools.partial(boto3_get, MOTO_BOTO3, moto.url, MOTO_KEY, MOTO_KEY,
+                                                           clients, moto_put.keys, size, args.duration)))
                 rounds: dict[str, list[Result]] = {}
                 for _ in range(args.rounds):
-                    phases: list[Callable[[], Result]] = [
-                        functools.partial(native_get, kvgw, clients, native_keys, size, args.duration),
-                        functools.partial(loadgen_s3_get, kvgw, clients, loadgen_keys, size, args.duration),
-                        functools.partial(boto3_get, S3_BOTO3, kvgw, ACCESS_KEY, SECRET_KEY, clients, s3_keys, size,
-                                          args.duration),
-                    ]
-                    if moto is not None and moto_keys:
-                        phases.append(functools.partial(boto3_get, MOTO_BOTO3, moto, MOTO_KEY, MOTO_KEY, clients,
-                                                        moto_keys, size, args.duration))
-                    for phase in phases:
-                        result = phase()
+                    for server, phase in phases:
+                        result = on_server(server, phase)
                         rounds.setdefault(result.target, []).append(result)
                 results.extend(median_result(r) for r in rounds.values())
     finally:

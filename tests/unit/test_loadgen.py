@@ -4,8 +4,8 @@ byte counts, keep-alive reuse, chunked and close-delimited bodies, and error cou
 from __future__ import annotations
 
 import json
-import threading
 import os
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -276,8 +276,15 @@ def test_clients_in_processes_run_in_separate_processes() -> None:
     assert stats.bytes == 5 * stats.ops
     assert 0.19 <= stats.elapsed < 2.0 and stats.window == 0.2
     assert any("cannot connect" in e for e in stats.error_samples)
-    with pytest.raises(ValueError):
-        run_ops(opener, 1, count=5, processes=True)
+
+
+def test_processes_share_tickets_and_report_http_results(server: TinyServer) -> None:
+    """Tickets are issued once across client processes; statuses and connections come back too."""
+    reqs = [Request("GET", f"/bytes/{n}") for n in range(12)]
+    stats = run_load(server.address, lambda i, seq: reqs[seq], 3, count=len(reqs), processes=True)
+    assert (stats.ops, stats.errors) == (12, 0)
+    assert stats.bytes == sum(range(12))  # each request exactly once
+    assert stats.statuses == {200: 12} and stats.connects == 3
 
 
 def test_request_once_and_percentile(server: TinyServer) -> None:
