@@ -244,23 +244,34 @@ class ChunkIndex:
                 out.append(None if raw is None else IndexEntry.unpack(raw))
             return out
 
-    def alive_many(self, digests: Sequence[bytes], now: float, *, stop_at_miss: bool = False) -> list[bool]:
-        """Which digests are indexed and not expired, reading only the expiry field of each record."""
-        out: list[bool] = []
-        append, unpack = out.append, _EXPIRES.unpack_from
-        with self._remap, self.env.begin(db=self.chunks_db, buffers=True) as txn:
+    def alive_many(self, digests: Sequence[bytes], now: float) -> list[bool]:
+        """Which digests are indexed and not expired: the exists path, so no IndexEntry is built.
+
+        One read transaction; the gets run from C (``map``) and of each record only the expiry
+        (0.0: never) is decoded.
+        """
+        unpack = _EXPIRES.unpack_from
+        with self._remap, self.env.begin(db=self.chunks_db) as txn:
+            raws = list(map(txn.get, digests))
+        return [raw is not None and ((expires := unpack(raw, _EXPIRES_AT)[0]) == 0.0 or expires > now)
+                for raw in raws]
+
+    def alive_prefix(self, digests: Sequence[bytes], now: float) -> int:
+        """How many leading digests are indexed and not expired (the prefix path): stops at the
+        first one that is not, so a long list with an early miss costs one read."""
+        unpack = _EXPIRES.unpack_from
+        count = 0
+        with self._remap, self.env.begin(db=self.chunks_db) as txn:
             get = txn.get
             for digest in digests:
                 raw = get(digest)
                 if raw is None:
-                    alive = False
-                else:
-                    expires = unpack(raw, _EXPIRES_AT)[0]
-                    alive = expires == 0.0 or expires > now
-                append(alive)
-                if stop_at_miss and not alive:
                     break
-        return out
+                expires = unpack(raw, _EXPIRES_AT)[0]
+                if expires != 0.0 and expires <= now:
+                    break
+                count += 1
+        return count
 
     def parent_of(self, digest: bytes) -> bytes | None:
         with self._remap, self.env.begin(db=self.parents_db) as txn:

@@ -266,12 +266,13 @@ class ChunkService:
     async def exists(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[bool]:
         digests = self._digests(bucket, keys)
         alive = self.index.alive_many(digests, self.clock())
+        if all(alive):  # the common case: nothing to look up in the tiers
+            return alive
         misses = [i for i, hit in enumerate(alive) if not hit]
-        if misses:
-            found = await self._fall_through_many([digests[i] for i in misses], bucket.name,
-                                                  [keys[i] for i in misses], strict=False)
-            for i, info in zip(misses, found, strict=True):
-                alive[i] = info is not None
+        found = await self._fall_through_many([digests[i] for i in misses], bucket.name,
+                                              [keys[i] for i in misses], strict=False)
+        for i, info in zip(misses, found, strict=True):
+            alive[i] = info is not None
         return alive
 
     async def prefix(self, bucket: BucketPolicy, keys: Sequence[str]) -> int:
@@ -281,8 +282,7 @@ class ChunkService:
         asyncio.get_running_loop().call_soon(self.events.chained, bucket.name, digests)
         start = 0
         while start < len(keys):
-            alive = self.index.alive_many(digests[start:], self.clock(), stop_at_miss=True)
-            start += sum(alive)
+            start += self.index.alive_prefix(digests[start:] if start else digests, self.clock())
             if start == len(keys):
                 break
             found = await self._fall_through_many([digests[start]], bucket.name, [keys[start]], strict=False)

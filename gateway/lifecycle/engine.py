@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import itertools
 import logging
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -174,8 +173,7 @@ class LifecycleEngine:
             ledger = self._ledgers.get((bucket, tier))
             if ledger is None:
                 continue
-            for parent, child in itertools.pairwise(digests):
-                ledger.policy.link(child, parent)
+            ledger.policy.link_chain(digests)
 
     # -- the periodic pass ---------------------------------------------------------------------
 

@@ -20,6 +20,9 @@ Contract (every policy in ``POLICIES``):
   of the child; a link for an absent child is ignored. The parent need not be present: the link is
   kept with the child and counts when the parent arrives. A later link for the same child replaces
   the earlier one. Policies that are not prefix-aware ignore links.
+* ``link_chain(keys)``: ``link`` each key to the one before it (the order of keys in a prefix or
+  batch-get call); the same as those ``link`` calls, but a chain already known costs a dict lookup
+  per key (the engine calls it on the event loop for every such call).
 * ``victim()``: the key to evict next, or ``None`` when the policy is empty. It does not remove the
   key (it may tidy internal state), and calling it again without an intervening event returns the
   same key. Evict by: ``key = victim()``, delete the chunk, ``remove(key)``. If the engine cannot
@@ -47,7 +50,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from gateway.lifecycle.policy_density import HitDensityPolicy
@@ -80,6 +83,8 @@ class EvictionPolicy(Protocol[K]):
 
     def link(self, child: K, parent: K) -> None: ...
 
+    def link_chain(self, keys: Sequence[K]) -> None: ...
+
     def victim(self) -> K | None: ...
 
     def __contains__(self, key: object) -> bool: ...
@@ -109,6 +114,9 @@ class LRUPolicy(Generic[K]):
         self._order.pop(key, None)
 
     def link(self, child: K, parent: K) -> None:
+        return None
+
+    def link_chain(self, keys: Sequence[K]) -> None:
         return None
 
     def victim(self) -> K | None:
@@ -169,6 +177,9 @@ class LFUPolicy(Generic[K]):
         self._state.pop(key, None)
 
     def link(self, child: K, parent: K) -> None:
+        return None
+
+    def link_chain(self, keys: Sequence[K]) -> None:
         return None
 
     def victim(self) -> K | None:
@@ -237,6 +248,10 @@ class PrefixLRUPolicy(Generic[K]):
         freed = self._tree.link(child, parent)
         if freed is not None and freed in self._seq_of:
             self._push(freed)
+
+    def link_chain(self, keys: Sequence[K]) -> None:
+        for child, parent in self._tree.new_links(keys):
+            self.link(child, parent)
 
     def victim(self) -> K | None:
         top = self._heap.top()

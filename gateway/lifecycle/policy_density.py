@@ -46,7 +46,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import ClassVar, Generic, TypeVar
 
 from gateway.lifecycle.policy_tree import LazyHeap, PrefixTree
@@ -235,6 +235,10 @@ class HitDensityPolicy(Generic[K]):
         freed = self._tree.link(child, parent)
         if freed is not None:
             self._push_if_leaf(freed)
+
+    def link_chain(self, keys: Sequence[K]) -> None:
+        for child, parent in self._tree.new_links(keys):
+            self.link(child, parent)
 
     def victim(self) -> K | None:
         tail = self._oldest[TAIL].top()

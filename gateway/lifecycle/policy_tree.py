@@ -8,7 +8,8 @@ is a min-heap whose stale entries are skipped on read and purged when they outnu
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from itertools import pairwise
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -44,6 +45,12 @@ class PrefixTree(Generic[K]):
         self.parent[child] = parent
         self.kids[parent] = self.kids.get(parent, 0) + 1
         return self._drop_kid(old) if old is not None else None
+
+    def new_links(self, keys: Sequence[K]) -> list[tuple[K, K]]:
+        """(child, parent) for each consecutive pair of ``keys`` not linked that way yet. Clients look
+        the same chains up again and again; a known pair then costs one dict lookup, not a ``link``."""
+        known = self.parent.get
+        return [(child, parent) for parent, child in pairwise(keys) if known(child) != parent]
 
     def unlink(self, child: K) -> K | None:
         """Forget ``child``'s link; return its parent if that parent has no present child left."""

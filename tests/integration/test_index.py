@@ -27,9 +27,34 @@ async def test_put_get_delete_and_expiry(tmp_path: Path) -> None:
         assert index.get(d1) == entry("a")
         assert index.alive_many([d1, d2], now=10.0) == [True, True]
         assert index.alive_many([d1, d2], now=60.0) == [True, False]
-        assert index.alive_many([d2, d1], now=60.0, stop_at_miss=True) == [False]
+        assert index.alive_prefix([d1, d2, d1], now=60.0) == 1
         assert await index.delete(d1) == entry("a")
         assert index.get(d1) is None and await index.delete(d1) is None
+    finally:
+        index.close()
+
+
+async def test_alive_reads_answer_like_full_entries(tmp_path: Path) -> None:
+    """alive_many / alive_prefix decode only the expiry; they must agree with get() + alive()."""
+    index = ChunkIndex(tmp_path / "idx")
+    try:
+        keys = {"never": 0.0, "later": 2000.0, "now": 1500.0, "past": 1000.5}
+        digests = {k: chunk_digest("kvcache", k) for k in [*keys, "absent"]}
+        await index.put_many((digests[k], entry(k, expires=e)) for k, e in keys.items())
+        order = ["never", "later", "absent", "now", "past", "never"]
+        batch = [digests[k] for k in order]
+        expected = []
+        for d in batch:
+            full = index.get(d)
+            expected.append(full is not None and full.alive(1500.0))
+        assert expected == [True, True, False, False, False, True]
+        assert index.alive_many(batch, now=1500.0) == expected
+        assert index.alive_many([], now=1500.0) == []
+        assert index.alive_prefix(batch, now=1500.0) == 2  # stops at the absent key
+        assert index.alive_prefix(batch[3:], now=1500.0) == 0  # expiring exactly now is expired
+        assert index.alive_prefix(batch[3:], now=999.0) == 3
+        assert index.alive_prefix([digests["never"]] * 3, now=1e12) == 3
+        assert index.alive_prefix([], now=0.0) == 0
     finally:
         index.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -121,6 +122,27 @@ def test_prefix_lru_cycle_still_yields_a_victim() -> None:
     p.link("a", "b")
     p.link("b", "a")
     assert len(eviction_order(p)) == 2
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_link_chain_is_the_same_as_linking_each_pair(name: str) -> None:
+    """link_chain (prefix / batch-get calls) skips known pairs; it must end where the links would."""
+    rng = random.Random(11)
+    chains = [[rng.randrange(40) for _ in range(rng.randrange(1, 12))] for _ in range(60)]
+    chains += chains[:20]  # repeated lookups: the pairs are known now
+    by_chain, by_pair = make_policy(name), make_policy(name)
+    for p in (by_chain, by_pair):
+        for k in range(0, 40, 2):  # half the keys present; links of absent children are ignored
+            p.insert(k, 1, float(k))
+    for i, chain in enumerate(chains):
+        by_chain.link_chain(chain)
+        for parent, child in pairwise(chain):
+            by_pair.link(child, parent)
+        if i % 10 == 0:  # keys come and go between lookups
+            for p in (by_chain, by_pair):
+                p.insert(i % 40, 1, 100.0 + i)
+                p.remove((i + 1) % 40)
+    assert eviction_order(by_chain) == eviction_order(by_pair)
 
 
 @pytest.mark.parametrize("name", PREFIX_AWARE)
