@@ -26,6 +26,7 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from gateway.api.holding import HoldingHttpToolsProtocol
     from gateway.app import create_app
 
     settings = _settings(
@@ -49,7 +50,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=HoldingHttpToolsProtocol,  # httptools, small responses in one write
         lifespan="on",
         log_level=settings.log_level,
         access_log=settings.access_log,
