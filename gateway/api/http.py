@@ -87,24 +87,35 @@ class Request:
         self.body_consumed = True
         more = True
         while more:
-            try:
-                message = await asyncio.wait_for(self.receive(), idle_timeout)
-            except TimeoutError:
-                raise IncompleteBody(f"no body bytes for {idle_timeout:g} s") from None
-            if message["type"] == "http.disconnect":
-                raise IncompleteBody("the client disconnected before the body was complete")
-            more = message.get("more_body", False)
-            piece = message.get("body", b"")
+            piece, more = await self._receive_body(idle_timeout)
             if piece:
                 yield piece
 
     async def read_body(self, limit: int, idle_timeout: float = 30.0) -> bytes:
-        buf = bytearray()
-        async for piece in self.body(idle_timeout):
-            buf += piece
-            if len(buf) > limit:
+        """The whole body, at most ``limit`` bytes. No async generator: exists / prefix read a small
+        body per call (almost always one message, returned without a copy)."""
+        self.body_consumed = True
+        pieces: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            piece, more = await self._receive_body(idle_timeout)
+            size += len(piece)
+            if size > limit:
                 raise InvalidRequest(f"request body larger than {limit} bytes")
-        return bytes(buf)
+            pieces.append(piece)
+        return b"".join(pieces)
+
+    async def _receive_body(self, idle_timeout: float) -> tuple[bytes, bool]:
+        """The next piece of the body and whether more follows."""
+        try:
+            async with asyncio.timeout(idle_timeout):  # unlike wait_for, no task per message
+                message = await self.receive()
+        except TimeoutError:
+            raise IncompleteBody(f"no body bytes for {idle_timeout:g} s") from None
+        if message["type"] == "http.disconnect":
+            raise IncompleteBody("the client disconnected before the body was complete")
+        return message.get("body", b""), message.get("more_body", False)
 
     async def read_json(self, limit: int) -> Any:
         raw = await self.read_body(limit)
