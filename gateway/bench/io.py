@@ -74,6 +74,7 @@ RAW_READ = "raw read"
 RAW_WRITE = "raw write+fsync+link"
 RAW_WRITE_NOFSYNC = "raw write+link"
 FASTAPI = "FastAPI dict route"
+OPS = ("put", "get", "small")  # --ops: PUT cells, GET cells + memory phase, HEAD / exists / prefix cells
 
 
 # -- the gateway under test ------------------------------------------------------------------------
@@ -348,9 +349,9 @@ class Bench:
             self.fastapi.pids())
 
     def cells(self) -> list[Cell]:
-        sizes, clients = self.args.sizes, self.args.clients
+        sizes, clients, ops = self.args.sizes, self.args.clients, self.args.ops
         out: list[Cell] = []
-        for size in sizes:
+        for size in sizes if "put" in ops else ():
             for c in clients:
                 out.append(Cell("PUT", size, c, [(KVGW, self.put_kvgw(self.kvgw, KVGW, size, c)),
                                                  (RAW_WRITE, self.put_raw(RAW_WRITE, size, c, fsync=True))]))
@@ -358,11 +359,11 @@ class Bench:
                     out.append(Cell("PUT", size, c, [
                         (KVGW_NOFSYNC, self.put_kvgw(self.kvgw_nofsync, KVGW_NOFSYNC, size, c)),
                         (RAW_WRITE_NOFSYNC, self.put_raw(RAW_WRITE_NOFSYNC, size, c, fsync=False))]))
-        for size in sizes:
+        for size in sizes if "get" in ops else ():
             for c in clients:
                 out.append(Cell("GET", size, c, [(KVGW, self.get_kvgw(size, c)), (NGINX, self.get_nginx(size, c)),
                                                  (RAW_READ, self.get_raw(size, c))]))
-        for c in clients:
+        for c in clients if "small" in ops else ():
             out.append(Cell("meta", 0, c, [(KVGW, self.meta_kvgw("HEAD", c)), (FASTAPI, self.head_fastapi(c)),
                                            (KVGW, self.meta_kvgw("exists", c)), (KVGW, self.meta_kvgw("prefix", c))]))
         return out
@@ -373,16 +374,17 @@ class Bench:
         """How much one load-generator thread can sink (nginx, biggest chunk) and how many small
         requests the load generator can issue (nginx, 8 clients, a tiny file): the ceiling the load
         generator puts on every figure below."""
-        size = max(self.www_files)
-        reqs = [Request("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
-        one = run_load(self.nginx.address, lambda i, seq: reqs[seq % len(reqs)], 1, duration=self.duration())
         probe = Request("HEAD", "/probe")
         many = run_load(self.nginx.address, lambda i, seq: probe, 8, duration=self.duration())
-        return {
-            "one_client_get_bytes_per_s": one.bytes_per_s, "one_client_get_size": size,
-            "one_client_get_client_cpu_per_gib": one.client_cpu / max(one.bytes / GiB, 1e-9),
-            "head_8_clients_per_s": many.ops_per_s, "errors": one.errors + many.errors,
-        }
+        out: dict[str, Any] = {"head_8_clients_per_s": many.ops_per_s, "errors": many.errors}
+        if self.www_files:  # GET chunks were preloaded (--ops get)
+            size = max(self.www_files)
+            reqs = [Request("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
+            one = run_load(self.nginx.address, lambda i, seq: reqs[seq % len(reqs)], 1, duration=self.duration())
+            out.update(one_client_get_bytes_per_s=one.bytes_per_s, one_client_get_size=size,
+                       one_client_get_client_cpu_per_gib=one.client_cpu / max(one.bytes / GiB, 1e-9),
+                       errors=one.errors + many.errors)
+        return out
 
     def rss_phase(self) -> dict[str, Any]:
         """VmHWM (peak RSS) and sampled VmRSS of the gateway while RSS_CLIENTS clients GET RSS_CHUNK
@@ -637,11 +639,13 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
         add("")
     others = [s.others_cores for s in samples]
     steal = [s.steal_cores for s in samples]
-    cpu = selfcheck["one_client_get_client_cpu_per_gib"]
-    add(f"Load generator: one client thread sank {selfcheck['one_client_get_bytes_per_s'] / 1e9:.2f} GB/s of "
-        f"{fmt_size(selfcheck['one_client_get_size'])} GETs from nginx, using {cpu:.2f} CPU s/GiB (so "
-        f"{GiB / cpu / 1e9 if cpu else float('nan'):.1f} GB/s per core it gets); 8 clients issued "
-        f"{selfcheck['head_8_clients_per_s']:.0f} HEAD/s to nginx.")
+    sink = ""
+    if "one_client_get_size" in selfcheck:
+        cpu = selfcheck["one_client_get_client_cpu_per_gib"]
+        sink = (f"one client thread sank {selfcheck['one_client_get_bytes_per_s'] / 1e9:.2f} GB/s of "
+                f"{fmt_size(selfcheck['one_client_get_size'])} GETs from nginx, using {cpu:.2f} CPU s/GiB (so "
+                f"{GiB / cpu / 1e9 if cpu else float('nan'):.1f} GB/s per core it gets); ")
+    add(f"Load generator: {sink}8 clients issued {selfcheck['head_8_clients_per_s']:.0f} HEAD/s to nginx.")
     if others:
         add(f"Machine noise: other processes kept {median(others):.2f} cores busy (median over measurements, "
             f"max {max(others):.2f}) of {os.cpu_count()}; steal {median(steal):.2f} cores.")
@@ -675,6 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the temp dir for kvgw, nginx's files and the raw baselines goes (the disk measured)")
     p.add_argument("--compare-no-fsync", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure PUT against a --no-fsync gateway and raw writes without fsync")
+    p.add_argument("--ops", default=",".join(OPS),
+                   help="what to measure: put, get (with the memory phase), small (HEAD / exists / prefix); "
+                        "default all")
     p.add_argument("--quick", action="store_true", help="smoke run: 8 MiB only, 1 round of 0.5 s")
     p.add_argument("--json", type=Path, help="write every figure (each round, medians, targets) here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data) afterwards")
@@ -688,6 +695,10 @@ def main(argv: list[str]) -> int:
     try:
         args.sizes = sorted({parse_size(s) for s in str(args.sizes).split(",") if s.strip()})
         args.clients = sorted({int(c) for c in str(args.clients).split(",") if c.strip()})
+        wanted = {o.strip() for o in str(args.ops).split(",") if o.strip()}
+        if not wanted or wanted - set(OPS):
+            raise ValueError(f"--ops takes a comma-separated subset of {', '.join(OPS)}")
+        args.ops = [op for op in OPS if op in wanted]
     except ValueError as exc:
         print(f"kvgw bench io: {exc}", file=sys.stderr)
         return 2
@@ -706,7 +717,8 @@ def main(argv: list[str]) -> int:
     try:
         kvgw = KvgwServer(work / "kvgw").start()
         procs.append(kvgw)
-        nofsync = KvgwServer(work / "kvgw-nofsync", fsync=False).start() if args.compare_no_fsync else None
+        with_nofsync = args.compare_no_fsync and "put" in args.ops
+        nofsync = KvgwServer(work / "kvgw-nofsync", fsync=False).start() if with_nofsync else None
         if nofsync is not None:
             procs.append(nofsync)
         (work / "www").mkdir()
@@ -718,9 +730,11 @@ def main(argv: list[str]) -> int:
         bench = Bench(args, work, kvgw, nofsync, nginx, fastapi)
         print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "
               f"{', '.join(fmt_size(s) for s in args.sizes)}, clients {args.clients}, {args.rounds} rounds of "
-              f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}", flush=True)
-        bench.preload(sorted({*args.sizes, RSS_CHUNK}))
-        bench.check_meta()
+              f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}, ops {','.join(args.ops)}",
+              flush=True)
+        bench.preload(sorted({*args.sizes, RSS_CHUNK}) if "get" in args.ops else [])
+        if "small" in args.ops:
+            bench.check_meta()
         selfcheck = bench.selfcheck()
         cells = bench.cells()
         for rnd in range(args.rounds):
@@ -730,7 +744,7 @@ def main(argv: list[str]) -> int:
                 for _, run in runs:
                     run(rnd)
             print(f"  round {rnd + 1}/{args.rounds} done in {time.monotonic() - t0:.0f} s", flush=True)
-        rss = bench.rss_phase()
+        rss = bench.rss_phase() if "get" in args.ops else None
         samples = bench.samples
         figures = summarise(samples)
         tgts = targets(samples, rss)
@@ -743,7 +757,8 @@ def main(argv: list[str]) -> int:
                 "command": "kvgw bench io " + " ".join(argv),
                 "started": started.isoformat(), "finished": finished.isoformat(),
                 "config": {"sizes": args.sizes, "clients": args.clients, "duration_s": args.duration,
-                           "rounds": args.rounds, "objects": args.objects, "compare_no_fsync": args.compare_no_fsync},
+                           "rounds": args.rounds, "objects": args.objects, "compare_no_fsync": args.compare_no_fsync,
+                           "ops": args.ops},
                 "environment": {"cores": os.cpu_count(), "loadavg_before": load_before,
                                 "loadavg_after": os.getloadavg(), "python": platform.python_version(),
                                 "kernel": platform.release(), "nginx": nginx.version(),
@@ -757,7 +772,7 @@ def main(argv: list[str]) -> int:
             args.json.write_text(json.dumps(doc, indent=1) + "\n")
             print(f"\nfigures written to {args.json}")
         failed = any(t.verdict == "FAIL" for t in tgts)
-        errors = sum(s.stats.errors for s in samples) + rss["errors"] + selfcheck["errors"]
+        errors = sum(s.stats.errors for s in samples) + (rss or {}).get("errors", 0) + selfcheck["errors"]
         return 1 if failed or errors else 0
     finally:
         for proc in reversed(procs):
