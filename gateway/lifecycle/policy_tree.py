@@ -46,11 +46,15 @@ class PrefixTree(Generic[K]):
         self.kids[parent] = self.kids.get(parent, 0) + 1
         return self._drop_kid(old) if old is not None else None
 
-    def new_links(self, keys: Sequence[K]) -> list[tuple[K, K]]:
+    def new_links(self, keys: Sequence[K]) -> Iterator[tuple[K, K]]:
         """(child, parent) for each consecutive pair of ``keys`` not linked that way yet. Clients look
-        the same chains up again and again; a known pair then costs one dict lookup, not a ``link``."""
+        the same chains up again and again; a known pair then costs one dict lookup, not a ``link``.
+        Lazy: each pair is checked against the links the caller made for the pairs before it, so a
+        chain that repeats a key ends exactly as linking every pair in order would."""
         known = self.parent.get
-        return [(child, parent) for parent, child in pairwise(keys) if known(child) != parent]
+        for parent, child in pairwise(keys):
+            if known(child) != parent:
+                yield child, parent
 
     def unlink(self, child: K) -> K | None:
         """Forget ``child``'s link; return its parent if that parent has no present child left."""

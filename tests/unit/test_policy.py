@@ -146,6 +146,23 @@ def test_link_chain_is_the_same_as_linking_each_pair(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", PREFIX_AWARE)
+def test_link_chain_with_a_repeated_key_links_like_each_pair_in_order(name: str) -> None:
+    """x -> a -> y -> a: the last pair re-links a under y, as linking the pairs in order does, even
+    when the chain is looked up a second time (its first pair then looks known)."""
+    by_chain, by_pair = make_policy(name), make_policy(name)
+    for p in (by_chain, by_pair):
+        for t, k in enumerate("xay"):
+            p.insert(k, 1, float(t))
+    chain = ["x", "a", "y", "a"]
+    for _ in range(2):
+        by_chain.link_chain(chain)
+        for parent, child in pairwise(chain):
+            by_pair.link(child, parent)
+    assert by_chain._tree.parent["a"] == by_pair._tree.parent["a"] == "y"
+    assert eviction_order(by_chain) == eviction_order(by_pair)
+
+
+@pytest.mark.parametrize("name", PREFIX_AWARE)
 def test_never_evicts_a_chunk_with_a_cached_descendant(name: str) -> None:
     rng = random.Random(7)
     p = make_policy(name)
