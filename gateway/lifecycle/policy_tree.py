@@ -8,7 +8,7 @@ is a min-heap whose stale entries are skipped on read and purged when they outnu
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from typing import Generic, TypeVar
 
