@@ -31,6 +31,7 @@ from typing import TypeVar
 from backends import chunkfile
 from backends.base import ChunkMeta
 from backends.errors import BackendError, ChunkNotFound, StorageFull, TierUnavailable
+from backends.fileio import fsync_dir, write_all
 
 T = TypeVar("T")
 
@@ -56,25 +57,6 @@ async def _run(fn: Callable[..., T], *args: object, what: str) -> T:
         return await asyncio.to_thread(fn, *args)
     except OSError as exc:
         raise _translate(exc, what) from exc
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
-    views = [memoryview(p) for p in pieces if p]
-    while views:
-        written = os.writev(fd, views)
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -122,7 +104,7 @@ class PosixStagedChunk:
         if self._fd is None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             self._fd = os.open(self._path, flags, 0o644)
-        _write_all(self._fd, pieces)
+        write_all(self._fd, pieces)
 
     async def publish(self, meta: ChunkMeta) -> bool:
         pieces: list[bytes | memoryview] = [*self._pending, chunkfile.encode_footer(meta)]
@@ -153,7 +135,7 @@ class PosixStagedChunk:
                 # link took effect: then the staged file has a second name.
                 created = os.stat(self._path).st_nlink > 1
             if created and self._tier.fsync:
-                _fsync_dir(shard)
+                fsync_dir(shard)
             return created
         finally:
             self._cleanup_sync()
@@ -211,8 +193,8 @@ class PosixTier:
             parent = os.path.dirname(path)
             os.makedirs(path, exist_ok=True)
             if self.fsync:
-                _fsync_dir(parent)
-                _fsync_dir(os.path.dirname(parent))
+                fsync_dir(parent)
+                fsync_dir(os.path.dirname(parent))
         self._known_dirs.add(path)
 
     async def stage(self, digest: bytes) -> PosixStagedChunk:

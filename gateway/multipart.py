@@ -46,6 +46,7 @@ from backends import chunkfile
 from backends.base import ChunkMeta
 from backends.catalog.store import BucketPolicy
 from backends.errors import ChunkCorrupt
+from backends.fileio import write_all
 from gateway.errors import (
     ChunkTooLarge,
     IncompleteBody,
@@ -122,23 +123,12 @@ def _translate(exc: OSError, what: str) -> KvgwError:
     return InternalError(f"{what}: {exc.strerror or exc}")
 
 
-def _write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
-    views = [memoryview(p) for p in pieces if len(p)]
-    while views:
-        written = os.writev(fd, views)
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
-
-
 def _write_json_atomic(path: str, doc: Mapping[str, object], fsync: bool) -> None:
     tmp = f"{path}.{secrets.token_hex(4)}.new"
     data = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        _write_all(fd, [data])
+        write_all(fd, [data])
         if fsync:
             os.fsync(fd)
     finally:
@@ -274,7 +264,7 @@ class MultipartStore:
                 pending_bytes += len(piece)
                 if pending_bytes >= _WRITE_BATCH:
                     batch, pending, pending_bytes = pending, [], 0
-                    await self._run(_write_all, fd, batch, what="write part")
+                    await self._run(write_all, fd, batch, what="write part")
             now = self.clock()
             meta = ChunkMeta(upload.bucket, upload.key, size, hasher.intdigest(), now,
                              attrs=tuple(sorted(attrs().items())))
@@ -283,7 +273,7 @@ class MultipartStore:
 
             def finish() -> None:
                 assert fd is not None
-                _write_all(fd, pending)
+                write_all(fd, pending)
                 if self.fsync:
                     os.fsync(fd)
                 if not os.path.exists(f"{path}/upload.json"):
