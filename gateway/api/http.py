@@ -178,14 +178,24 @@ class ResponseState:
 
 
 class Body(Protocol):
-    """Response bytes held whole (``data``) or streamed in pieces (iteration); the service's ChunkBody."""
+    """Response bytes ``[offset, offset+length)`` of something, held whole (``data``) or streamed in
+    pieces (iteration); the service's ChunkBody."""
 
     data: bytes | memoryview | None
+    offset: int
+    length: int
 
     def __aiter__(self) -> AsyncIterator[bytes | memoryview]: ...
 
 
-async def send_body(send: Send, status: int, headers: Headers, body: Body) -> None:
+async def send_body(send: Send, headers: Headers, body: Body, *, range_of: int | None = None) -> None:
+    """200 with the body; ``range_of``: the body is a range of that many bytes (206, Content-Range)."""
+    headers.append((b"content-length", str(body.length).encode()))
+    status = 200
+    if range_of is not None:
+        status = 206
+        last = body.offset + body.length - 1
+        headers.append((b"content-range", f"bytes {body.offset}-{last}/{range_of}".encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     if body.data is not None:
         await send({"type": "http.response.body", "body": body.data})

@@ -269,13 +269,7 @@ class NativeAPI:
         body = await self.service.open(bucket, key, byte_range)
         try:
             headers = self._chunk_headers(req, body.info, TIER_NAMES[body.tier])
-            headers.append((b"content-length", str(body.length).encode()))
-            status = 200
-            if byte_range is not None:
-                status = 206
-                last = body.offset + body.length - 1
-                headers.append((b"content-range", f"bytes {body.offset}-{last}/{body.info.size}".encode()))
-            await send_body(send, status, headers, body)
+            await send_body(send, headers, body, range_of=None if byte_range is None else body.info.size)
         finally:
             await body.close()
 

@@ -281,13 +281,7 @@ class ObjectHandlers:
         body = await self.gw.service.open_info(info, byte_range)
         try:
             headers = await self._object_headers(call, body.info, whole=byte_range is None)
-            headers.append((b"content-length", str(body.length).encode()))
-            status = 200
-            if byte_range is not None:
-                status = 206
-                last = body.offset + body.length - 1
-                headers.append((b"content-range", f"bytes {body.offset}-{last}/{body.info.size}".encode()))
-            await send_body(call.send, status, headers, body)
+            await send_body(call.send, headers, body, range_of=None if byte_range is None else body.info.size)
         finally:
             await body.close()
 
