@@ -5,7 +5,8 @@ COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY backends backends
 COPY migrations migrations
-RUN pip install --no-cache-dir . && useradd --create-home kvgw && mkdir /data && chown kvgw /data
+COPY client client
+RUN pip install --no-cache-dir ./client . && useradd --create-home kvgw && mkdir /data /shared && chown kvgw /data /shared
 USER kvgw
 VOLUME /data
 EXPOSE 8080

@@ -1,6 +1,6 @@
 """The storage-tier contract: what the service needs from a place that holds chunk bytes.
 
-A tier stores immutable chunks addressed by a 16-byte digest of (bucket, key) (``gateway.keys``);
+A tier stores immutable chunks addressed by a 16-byte digest of (bucket, key) (``kvgw_client.keys``);
 a key never becomes a path or an object name. Chunks are self-describing: ``ChunkMeta`` (bucket, key,
 size, checksum, timestamps) is recoverable from the tier alone, so the index can be rebuilt from it.
 

@@ -6,6 +6,7 @@ and the APIs map those to status codes. Nothing above a backend inspects errno o
 
     BackendError
     ├── ChunkNotFound          the tier has no such chunk
+    ├── UploadNotFound         the multipart staging area has no such upload (or no such part)
     ├── ChunkExists            create-if-absent lost: the chunk was already published
     ├── ChunkCorrupt           stored bytes do not match their recorded checksum / size
     ├── StorageFull            no space left (ENOSPC, EDQUOT, quota)
@@ -21,6 +22,10 @@ class BackendError(Exception):
 
 
 class ChunkNotFound(BackendError):
+    pass
+
+
+class UploadNotFound(BackendError):
     pass
 
 

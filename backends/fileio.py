@@ -1,9 +1,24 @@
-"""Small POSIX write helpers shared by the filesystem tier, the multipart staging area and the raw
-write baseline of ``kvgw bench io`` (which must do exactly what the tier does to be a fair baseline)."""
+"""Small POSIX helpers shared by the filesystem tier, the multipart staging area, the index and the
+benches: writes (``write_all``, ``fsync_dir``: the raw-write baseline of ``kvgw bench io`` must do
+exactly what the tier does to be a fair baseline), the one translation of ``OSError`` into
+``backends.errors`` (``translate_oserror``, ``run_io``) and the one reader of the mount table.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from backends.errors import BackendError, ChunkNotFound, StorageFull, TierUnavailable
+
+T = TypeVar("T")
+
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+UNAVAILABLE_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOTCONN, errno.EHOSTDOWN})
 
 
 def write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
@@ -25,3 +40,65 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- errno translation ---------------------------------------------------------------------------
+
+
+def translate_oserror(exc: OSError, what: str, *, not_found: type[BackendError] = ChunkNotFound) -> BackendError:
+    """The one place an ``OSError`` becomes a backend error (most specific first): a missing file is
+    ``not_found``, no space or quota ``StorageFull``, a dead or stale mount ``TierUnavailable``."""
+    if isinstance(exc, FileNotFoundError):
+        return not_found(what)
+    if exc.errno in FULL_ERRNOS:
+        return StorageFull(f"{what}: {exc.strerror}")
+    if exc.errno in UNAVAILABLE_ERRNOS:
+        return TierUnavailable(f"{what}: {exc.strerror}")
+    return BackendError(f"{what}: {exc.strerror or exc}")
+
+
+async def run_io(fn: Callable[..., T], *args: object, what: str,
+                 not_found: type[BackendError] = ChunkNotFound) -> T:
+    """Run a blocking filesystem call in a worker thread, translating OSError at this boundary."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except OSError as exc:
+        raise translate_oserror(exc, what, not_found=not_found) from exc
+
+
+# -- the mount table -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    point: str
+    fstype: str
+    device: str
+
+
+UNKNOWN_MOUNT = Mount("", "unknown", "unknown")
+
+
+def mount_of(path: str | os.PathLike[str], table: str = "/proc/self/mounts") -> Mount:
+    """The mount holding ``path`` (after resolving links): the longest mount point containing it, the
+    last one mounted on the same point winning. ``UNKNOWN_MOUNT`` when the table cannot be read."""
+    target = os.path.realpath(path)
+    best = UNKNOWN_MOUNT
+    try:
+        with open(table, encoding="utf-8") as mounts:
+            for line in mounts:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                point = parts[1].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best.point):
+                    best = Mount(point, parts[2], parts[0].replace("\\040", " "))
+    except OSError:
+        pass
+    return best
+
+
+def filesystem_type(path: str | os.PathLike[str]) -> str:
+    """The type of the filesystem holding ``path`` (``"unknown"`` when the mount table is unreadable)."""
+    return mount_of(path).fstype

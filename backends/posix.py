@@ -18,45 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import mmap
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TypeVar
 
 from backends import chunkfile
 from backends.base import ChunkMeta
-from backends.errors import BackendError, ChunkNotFound, StorageFull, TierUnavailable
-from backends.fileio import fsync_dir, write_all
+from backends.errors import BackendError
+from backends.fileio import fsync_dir, run_io, write_all
+from backends.tiers import TierId
 
-T = TypeVar("T")
-
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_UNAVAILABLE_ERRNOS = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOTCONN, errno.EHOSTDOWN}
 _STAGING_SUFFIX = ".part"
 _FLUSH_BYTES = 1 << 20
-
-
-def _translate(exc: OSError, what: str) -> BackendError:
-    if isinstance(exc, FileNotFoundError):
-        return ChunkNotFound(what)
-    if exc.errno in _FULL_ERRNOS:
-        return StorageFull(f"{what}: {exc.strerror}")
-    if exc.errno in _UNAVAILABLE_ERRNOS:
-        return TierUnavailable(f"{what}: {exc.strerror}")
-    return BackendError(f"{what}: {exc.strerror or exc}")
-
-
-async def _run(fn: Callable[..., T], *args: object, what: str) -> T:
-    """Run a blocking filesystem call in a worker thread, translating OSError at this boundary."""
-    try:
-        return await asyncio.to_thread(fn, *args)
-    except OSError as exc:
-        raise _translate(exc, what) from exc
 
 
 def _pid_alive(pid: int) -> bool:
@@ -93,12 +70,13 @@ class PosixStagedChunk:
         if self._pending_bytes >= _FLUSH_BYTES:
             pieces, self._pending, self._pending_bytes = self._pending, [], 0
             await self._wait_writing()
-            self._writing = asyncio.ensure_future(_run(self._write_sync, pieces, what="write staged chunk"))
+            self._writing = asyncio.ensure_future(run_io(self._write_sync, pieces, what="write staged chunk"))
 
     async def _wait_writing(self) -> None:
-        writing, self._writing = self._writing, None
+        writing = self._writing
         if writing is not None:
-            await writing
+            await asyncio.shield(writing)  # a cancelled caller must not lose track of a running write
+            self._writing = None
 
     def _write_sync(self, pieces: list[bytes | memoryview]) -> None:
         if self._fd is None:
@@ -111,8 +89,12 @@ class PosixStagedChunk:
         self._pending = []
         try:
             await self._wait_writing()
-            return await _run(self._publish_sync, pieces, what="publish chunk")
-        finally:
+        except BaseException:
+            await self._release()  # the background write failed (disk full): its file and fd are ours
+            raise
+        try:
+            return await run_io(self._publish_sync, pieces, what="publish chunk")
+        finally:  # _publish_sync removed the staging file and closed the fd, whatever happened
             self._tier.forget_staging(self._path)
             self._path = ""
 
@@ -138,31 +120,56 @@ class PosixStagedChunk:
                 fsync_dir(shard)
             return created
         finally:
-            self._cleanup_sync()
+            self._cleanup_sync(self._path)
 
-    def _cleanup_sync(self) -> None:
+    def _cleanup_sync(self, path: str) -> None:
+        """Close the staging fd and unlink the staging file. Only when no worker thread writes to it."""
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path)
+            os.unlink(path)
 
     async def discard(self) -> None:
         self._pending = []
-        with contextlib.suppress(BackendError):
-            await self._wait_writing()
-        if not self._path:
+        await self._release()
+
+    async def _release(self) -> None:
+        """Drop the staged bytes: no staging file and no open descriptor remain (issue: a 507 used to
+        leave both). A write still running in a worker thread owns the fd until it ends, so then the
+        cleanup runs when it ends, not under it."""
+        path, self._path = self._path, ""
+        if not path:
             return
-        self._tier.forget_staging(self._path)
-        if self._fd is not None:
-            await _run(self._cleanup_sync, what="discard staged chunk")
-        self._path = ""
+        self._tier.forget_staging(path)
+        writing, self._writing = self._writing, None
+        if writing is not None and not writing.done():
+            writing.add_done_callback(lambda done: self._cleanup_later(done, path))
+            return
+        with contextlib.suppress(BackendError):
+            await run_io(self._cleanup_sync, path, what="discard staged chunk")
+
+    def _cleanup_later(self, done: asyncio.Future[None], path: str) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved: the write's failure was already the caller's answer
+
+        async def cleanup() -> None:
+            with contextlib.suppress(BackendError):
+                await run_io(self._cleanup_sync, path, what="discard staged chunk")
+
+        task = asyncio.ensure_future(cleanup())
+        _CLEANUPS.add(task)
+        task.add_done_callback(_CLEANUPS.discard)
+
+
+_CLEANUPS: set[asyncio.Future[None]] = set()
+"""Cleanups scheduled after a write thread ends; held here so they are not garbage-collected."""
 
 
 class PosixTier:
     """Chunks as files in a directory tree; safe to share between gateways (see module docstring)."""
 
-    name = "fs"
+    name = TierId.FS.label
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.root = root
@@ -206,7 +213,7 @@ class PosixTier:
         self._live_staging.discard(path)
 
     async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
-        return await _run(self._read_sync, self.path_for(digest), offset, length, what="read chunk")
+        return await run_io(self._read_sync, self.path_for(digest), offset, length, what="read chunk")
 
     @staticmethod
     def _read_sync(path: str, offset: int, length: int) -> bytes | memoryview:
@@ -252,7 +259,7 @@ class PosixTier:
         previous one's pages are dropped from this process (MADV_DONTNEED: they stay in the page
         cache, and a socket still sending them faults them back in), so a large chunk streamed to a
         slow client holds about one window of resident memory, not the whole chunk."""
-        mapped = await _run(self._map_sync, self.path_for(digest), offset + length, what="open chunk")
+        mapped = await run_io(self._map_sync, self.path_for(digest), offset + length, what="open chunk")
         if mapped is None:  # empty, or shorter than asked: a short read says so
             yield await self.read(digest, offset, length)
             return
@@ -276,7 +283,7 @@ class PosixTier:
             os.close(fd)
 
     async def stat(self, digest: bytes) -> ChunkMeta:
-        return await _run(chunkfile.read_meta, self.path_for(digest), what="stat chunk")
+        return await run_io(chunkfile.read_meta, self.path_for(digest), what="stat chunk")
 
     async def stat_many(self, digests: list[bytes]) -> list[ChunkMeta | None]:
         def stat_all() -> list[ChunkMeta | None]:
@@ -290,7 +297,7 @@ class PosixTier:
                     out.append(None)  # damaged: absent for lookups; scrub quarantines it
             return out
 
-        return await _run(stat_all, what="stat chunks")
+        return await run_io(stat_all, what="stat chunks")
 
     async def delete(self, digest: bytes) -> bool:
         def unlink() -> bool:
@@ -300,7 +307,7 @@ class PosixTier:
                 return False
             return True
 
-        return await _run(unlink, what="delete chunk")
+        return await run_io(unlink, what="delete chunk")
 
     async def quarantine(self, digest: bytes) -> bool:
         def move() -> bool:
@@ -311,12 +318,12 @@ class PosixTier:
                 return False
             return True
 
-        return await _run(move, what="quarantine chunk")
+        return await run_io(move, what="quarantine chunk")
 
     async def scan(self) -> AsyncIterator[tuple[bytes, ChunkMeta | None]]:
-        shards = await _run(self._list_shards, what="list chunk directories")
+        shards = await run_io(self._list_shards, what="list chunk directories")
         for shard in shards:
-            entries = await _run(self._scan_shard, shard, what="scan chunk directory")
+            entries = await run_io(self._scan_shard, shard, what="scan chunk directory")
             for item in entries:
                 yield item
 
@@ -349,7 +356,7 @@ class PosixTier:
         return found
 
     async def cleanup_staging(self, older_than: float) -> int:
-        return await _run(self._cleanup_sync, older_than, what="clean staging area")
+        return await run_io(self._cleanup_sync, older_than, what="clean staging area")
 
     def _cleanup_sync(self, older_than: float) -> int:
         """Remove staged files of dead local writers, and any staged file idle for ``older_than`` s.
@@ -388,7 +395,7 @@ class PosixTier:
                         continue
             return total
 
-        return await _run(walk, what="measure tier usage")
+        return await run_io(walk, what="measure tier usage")
 
     async def close(self) -> None:
         return None

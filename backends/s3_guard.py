@@ -13,16 +13,18 @@ statuses (most specific first, like httpx's ``map_httpcore_exceptions``)::
                 5xx, 429, SlowDown, RequestTimeout → TierUnavailable (botocore has already retried)
                 anything else (403, NoSuchBucket, ...) → BackendError
     ConnectionError, HTTPClientError (refused, reset, connect/read timeouts), TimeoutError (our
-    operation deadline), aiohttp.ClientError, OSError                     → TierUnavailable
+    operation deadline, or the request path's budget), aiohttp.ClientError, OSError → TierUnavailable
     any other BotoCoreError (credentials, parameters)                     → BackendError
 
 The three private subclasses never leave the S3 tier as such to anyone who does not ask: they are
 ``BackendError`` / ``ChunkExists`` to everybody else.
 
-``CircuitBreaker`` turns a dead endpoint into immediate ``TierUnavailable`` answers: after
-``threshold`` consecutive unavailability failures it opens for ``cooldown`` seconds, then lets exactly
-one probe through; the probe's success closes it, its failure opens it again. Answers that prove the
-endpoint alive (404, 412, 403, ...) count as successes. One event loop, so no locks.
+``CircuitBreaker`` turns a dead or hung endpoint into immediate ``TierUnavailable`` answers: after
+``threshold`` consecutive unavailability failures (errors, and calls that ran out of time: the tier
+reports both) it opens for ``cooldown`` seconds, then lets exactly one probe through while every other
+call keeps failing fast; the probe's success closes it, its failure opens it again for a full cooldown.
+Answers that prove the endpoint alive (404, 412, 403, ...) count as successes. One event loop, so no
+locks.
 """
 
 from __future__ import annotations
@@ -91,8 +93,8 @@ def translate(exc: BaseException, what: str) -> BackendError:
         return BackendError(detail)
     if isinstance(exc, ConnectionError | HTTPClientError):  # refused, reset, connect/read timeouts
         return TierUnavailable(f"{what}: {exc}")
-    if isinstance(exc, TimeoutError):  # the operation deadline (asyncio.timeout)
-        return TierUnavailable(f"{what}: no answer within the operation deadline")
+    if isinstance(exc, TimeoutError):  # the operation deadline or the request path's budget (asyncio.timeout)
+        return TierUnavailable(f"{what}: {exc or 'no answer within the operation deadline'}")
     if isinstance(exc, aiohttp.ClientError | OSError):
         return TierUnavailable(f"{what}: {type(exc).__name__}: {exc}")
     if isinstance(exc, BotoCoreError):
@@ -126,6 +128,18 @@ class CircuitBreaker:
     @property
     def is_open(self) -> bool:
         return self._open_until is not None
+
+    @property
+    def state(self) -> str:
+        """"closed", "open" (failing fast), or "half-open" (its one probe in flight)."""
+        if self._open_until is None:
+            return "closed"
+        return "half-open" if self._probing else "open"
+
+    @property
+    def probing(self) -> bool:
+        """Whether the one half-open probe is in flight (every other call fails fast meanwhile)."""
+        return self._probing
 
     def check(self, what: str) -> None:
         """Fail fast while open and not yet due for a probe; takes no probe slot (for no-I/O calls)."""

@@ -5,10 +5,22 @@ nests it in its settings as ``s3: S3TierSettings | None``; with ``env_nested_del
 field is then settable as ``KVGW_S3__<FIELD>`` (``KVGW_S3__ENDPOINT_URL``, ``KVGW_S3__BUCKET``, ...).
 
 Time budget of one operation, from the inside out: each HTTP attempt is bounded by
-``connect_timeout`` / ``read_timeout`` (per socket operation), botocore makes at most ``max_attempts``
-attempts with jittered exponential backoff, and the whole operation (all attempts, and the body read)
-is cut at ``operation_timeout``. After ``breaker_threshold`` consecutive unavailability failures the
-tier fails fast for ``breaker_cooldown`` seconds, then lets one probe through.
+``connect_timeout`` / ``read_timeout`` (per socket operation), the tier makes at most ``max_attempts``
+attempts with jittered exponential back-off (``retry_backoff`` doubling up to ``retry_backoff_max``),
+and the whole operation (all attempts, and the body read) is cut at ``operation_timeout``. Those are the
+background budgets: the lifecycle engine, write-through, prefetch, uploads.
+
+A client waiting on the request path gets shorter ones (``backends.request_path``): a lookup (a
+HEAD-class call: the footer read behind exists / prefix / HEAD / the pre-write check on an index miss)
+must answer within ``lookup_timeout``, and any other call made while a request waits (the start of a
+read of an S3-only chunk, a DELETE) must get its first answer within ``request_timeout``, at most
+``request_max_attempts`` attempts included, ``request_retry_backoff`` apart. A dead endpoint (refused
+connections) then costs milliseconds, a hung one at most those timeouts. Set ``lookup_timeout`` to a
+few times the endpoint's p99 HEAD latency: every call cut by it counts as a failure for the breaker.
+
+After ``breaker_threshold`` consecutive unavailability failures (errors, and calls that ran out of time:
+a hung endpoint trips it too) the tier fails fast for ``breaker_cooldown`` seconds, then lets exactly
+one probe through; every other call fails fast until the probe has answered.
 """
 
 from __future__ import annotations
@@ -35,8 +47,15 @@ class S3TierSettings(BaseModel):
     verify_tls: bool | str = True  # or the path of a CA bundle
     connect_timeout: float = Field(default=3.0, gt=0)
     read_timeout: float = Field(default=15.0, gt=0)  # per socket read, not per request
-    max_attempts: int = Field(default=3, ge=1, le=10)  # botocore "standard" retries, first try included
+    max_attempts: int = Field(default=3, ge=1, le=10)  # attempts per operation, first try included
     operation_timeout: float = Field(default=30.0, gt=0)  # overall deadline of one tier operation
+    retry_backoff: float = Field(default=1.0, ge=0)  # first back-off (x0.5-1 jitter), doubling per retry
+    retry_backoff_max: float = Field(default=20.0, ge=0)
+    # the request path (a client is waiting): see the module docstring
+    lookup_timeout: float = Field(default=0.05, gt=0)  # a lookup's footer read, all attempts
+    request_timeout: float = Field(default=0.25, gt=0)  # first answer of any other call, all attempts
+    request_max_attempts: int = Field(default=2, ge=1, le=10)
+    request_retry_backoff: float = Field(default=0.01, ge=0)
     pool_size: int = Field(default=32, ge=1)  # max_pool_connections
     part_size: int = Field(default=8 * MiB, ge=S3_MIN_PART_SIZE, le=S3_MAX_PART_SIZE)
     parts_in_flight: int = Field(default=2, ge=1, le=16)  # per staged write: bounds its memory

@@ -8,30 +8,41 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, HTTPException
+from fastapi import Request as ControlRequest  # gateway.api.http.Request is the data plane's
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.api.http import Receive, Scope, Send
+from gateway.api.http import Receive, Scope, Send, new_request_id
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
-from gateway.buckets import BucketService
+from gateway.buckets import BucketService, new_bucket_policy
 from gateway.config import Settings
+from gateway.metrics import RequestMetrics, StatsCollector, native_op
 from gateway.multipart import MultipartStore
+from gateway.readiness import Readiness
 from gateway.runtime import Gateway
+from gateway.stats import gateway_stats
 
 log = logging.getLogger("kvgw")
 
-CONTROL_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+CONTROL_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc",
+                           "/openapi.json"})
 CONTROL_PREFIX = "/v1/"  # "v1" is no valid bucket name, so S3 paths never start with it
 
 
-def build_control_plane(gateway: Gateway) -> FastAPI:
+def build_control_plane(gateway: Gateway, registry: CollectorRegistry) -> FastAPI:
     api = FastAPI(title="kvgw", version="0.1.0", description="KV-cache storage gateway: control plane")
+    readiness = Readiness(gateway)
     ready_cache: dict[str, Any] = {"at": 0.0, "ok": False, "detail": {}}
+    _json_errors(api)
 
     @api.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -41,65 +52,60 @@ def build_control_plane(gateway: Gateway) -> FastAPI:
     async def readyz() -> JSONResponse:
         now = time.monotonic()
         if now - ready_cache["at"] > 1.0:
-            ok, detail = await asyncio.to_thread(_readiness, gateway)
+            ok, detail = await asyncio.to_thread(readiness.check)
             ready_cache.update(at=now, ok=ok, detail=detail)
         status = 200 if ready_cache["ok"] else 503
         return JSONResponse({"ready": ready_cache["ok"], "checks": ready_cache["detail"]}, status_code=status)
 
     @api.get("/v1/admin/buckets")
-    async def list_buckets(request: Request) -> dict[str, Any]:
+    async def list_buckets(request: ControlRequest) -> dict[str, Any]:
         _require_root(gateway, request)
         return {"buckets": [b.name for b in gateway.directory.buckets()]}
 
     @api.get("/v1/admin/stats")
-    async def stats(request: Request) -> dict[str, Any]:
+    async def stats(request: ControlRequest) -> dict[str, Any]:
         _require_root(gateway, request)
-        service, lifecycle = gateway.service, gateway.lifecycle
-        return {
-            "chunks_indexed": gateway.index.count(),
-            "write_through_pending": gateway.index.pending_count(),
-            "usage": lifecycle.usage_report(),
-            "lifecycle": {k: v for k, v in vars(lifecycle.totals).items() if isinstance(v, int)},
-            "moved_bytes": dict(service.moved_bytes),
-            "promotions": service.promotions,
-            "write_through_skipped": service.write_through_skipped,
-        }
+        return gateway_stats(gateway)
+
+    @api.get("/metrics")
+    async def metrics(request: ControlRequest) -> Response:
+        _require_root(gateway, request)  # like the admin stats (Prometheus sends the bearer token)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return api
 
 
-def _require_root(gateway: Gateway, request: Request) -> None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
+CONTROL_CODES = {400: "InvalidRequest", 401: "Unauthorized", 403: "AccessDenied", 404: "NotFound",
+                 405: "MethodNotAllowed", 422: "InvalidRequest"}
+
+
+def _json_errors(api: FastAPI) -> None:
+    """Control-plane errors in kvgw's one error form, with a request id (FastAPI's is ``{"detail"}``)."""
+
+    def answer(status: int, message: str) -> JSONResponse:
+        request_id = new_request_id()
+        body = {"error": {"code": CONTROL_CODES.get(status, "InternalError" if status >= 500 else "InvalidRequest"),
+                          "message": message, "request_id": request_id}}
+        return JSONResponse(body, status_code=status, headers={"x-kvgw-request-id": request_id})
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(_: ControlRequest, exc: StarletteHTTPException) -> JSONResponse:
+        return answer(exc.status_code, str(exc.detail))
+
+    @api.exception_handler(RequestValidationError)
+    async def validation_error(_: ControlRequest, exc: RequestValidationError) -> JSONResponse:
+        return answer(422, "; ".join(str(e.get("msg")) for e in exc.errors()))
+
+
+def _require_root(gateway: Gateway, request: ControlRequest) -> None:
     try:
-        principal = (
-            gateway.directory.authenticate_bearer(token.strip()) if scheme.lower() == "bearer"
-            else gateway.directory.anonymous
-        )
+        principal = gateway.directory.authenticate_bearer(request.headers.get("authorization"))
     except Exception as exc:
         raise HTTPException(401, "invalid credentials") from exc
+    if principal.access_key is None and not principal.is_root:
+        raise HTTPException(401, "root credentials required")  # anonymous: credentials would help
     if not principal.is_root:
         raise HTTPException(403, "root credentials required")
-
-
-def _readiness(gateway: Gateway) -> tuple[bool, dict[str, str]]:
-    checks: dict[str, str] = {}
-    try:
-        gateway.index.count()
-        checks["index"] = "ok"
-    except Exception as exc:
-        checks["index"] = f"error: {type(exc).__name__}"
-    try:
-        probe = gateway.settings.fs_root_path / "staging"
-        checks["fs"] = "ok" if probe.is_dir() else "missing staging directory"
-    except OSError as exc:
-        checks["fs"] = f"error: {exc.strerror}"
-    try:
-        gateway.catalog.list_buckets()
-        checks["catalog"] = "ok"
-    except Exception as exc:
-        checks["catalog"] = f"error: {type(exc).__name__}"
-    return all(v == "ok" for v in checks.values()), checks
 
 
 class GatewayApp:
@@ -107,15 +113,23 @@ class GatewayApp:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.native = NativeAPI(gateway.service, gateway.directory)
-        self.control = build_control_plane(gateway)
         settings = gateway.settings
-        self.s3 = S3API(
+        self.registry = CollectorRegistry()
+        self.metrics = RequestMetrics(self.registry)
+        self.registry.register(StatsCollector(lambda: gateway_stats(gateway)))
+        native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
+                           lookups=self.metrics.count_lookup)
+        self.native = self.metrics.wrap("native", native, lambda scope: native_op(scope["method"], scope["path"]))
+        self.control = self.metrics.wrap("control", build_control_plane(gateway, self.registry),
+                                         lambda scope: str(scope["path"]))
+        self.s3_api = S3API(
             gateway.service, gateway.directory,
-            BucketService(gateway.catalog, gateway.directory, gateway.index, max_chunk_bytes=settings.max_chunk_bytes),
+            BucketService(gateway.catalog, gateway.directory, gateway.index,
+                          new_policy=functools.partial(new_bucket_policy, settings=settings)),
             MultipartStore(settings.fs_root_path, fsync=settings.fsync),
             settings,
         )
+        self.s3 = self.metrics.wrap("s3", self.s3_api, lambda scope: str(scope.get("kvgw.op", "unknown")))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -138,7 +152,7 @@ class GatewayApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.gateway.start()
-                    await self.s3.start()
+                    await self.s3_api.start()
                 except Exception as exc:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -146,7 +160,7 @@ class GatewayApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 try:
-                    await self.s3.stop()
+                    await self.s3_api.stop()
                     await self.gateway.stop()
                 finally:
                     self.gateway.close()

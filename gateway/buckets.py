@@ -1,6 +1,7 @@
-"""Buckets as a small service: create, delete (only when empty), list with creation dates.
+"""Buckets as a small service: create, delete (only when empty), list with creation dates; and the one
+place a new bucket's default policy comes from (``new_bucket_policy``).
 
-Used by the S3 API (CreateBucket, DeleteBucket, ListBuckets); the CLI keeps its own catalog calls.
+Used by the S3 API (CreateBucket, DeleteBucket, ListBuckets) and the CLI (``kvgw bucket ...``).
 Every change is a catalog write followed by ``Directory.refresh()``, so this gateway sees it at once
 and gateways sharing the catalog within their refresh interval.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,36 +27,65 @@ from backends.catalog.models import Bucket
 from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict
 from backends.index import ChunkIndex
 from gateway.access import Directory
-from gateway.errors import KvgwError, NoSuchBucket
-from gateway.keys import is_valid_bucket_name
+from gateway.config import Settings
+from gateway.errors import BucketAlreadyOwned, BucketNotEmpty, ChunkTooLarge, InvalidBucketName, NoSuchBucket
+from kvgw_client.keys import is_valid_bucket_name
 
 _EMPTY_SCAN_PAGE = 256
 
 
-class InvalidBucketName(KvgwError):
-    code = "InvalidBucketName"
-    default_message = "the bucket name breaks the naming rules"
+def check_chunk_size(bucket: BucketPolicy, size: int) -> None:
+    """The per-bucket chunk-size limit, the one check both APIs (and the service) apply."""
+    if size > bucket.max_chunk_bytes:
+        raise ChunkTooLarge(f"{size} bytes exceeds the bucket limit of {bucket.max_chunk_bytes}")
 
 
-class BucketAlreadyOwned(KvgwError):
-    code = "BucketAlreadyOwnedByYou"
-    default_message = "the bucket already exists"
+def filesystem_size(path: os.PathLike[str] | str) -> int:
+    """Bytes of the filesystem holding ``path`` (or its nearest existing parent)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    stats = os.statvfs(probe)
+    return stats.f_blocks * stats.f_frsize
 
 
-class BucketNotEmpty(KvgwError):
-    code = "BucketNotEmpty"
-    default_message = "the bucket is not empty"
+def new_bucket_policy(name: str, settings: Settings) -> BucketPolicy:
+    """A new bucket's policy: the chunk limit from settings, and a filesystem-tier capacity of
+    ``default_capacity_fraction`` of the filesystem the tier lives on, measured now (so nothing fills
+    the disk by default; 0 leaves the capacity unset: the tier then grows until the disk is full)."""
+    capacity = None
+    if settings.default_capacity_fraction > 0:
+        capacity = int(filesystem_size(settings.fs_root_path) * settings.default_capacity_fraction)
+    return BucketPolicy(name, settings.max_chunk_bytes, capacity_bytes=capacity)
+
+
+def describe_policy(policy: BucketPolicy) -> str:
+    """What the lifecycle will do with the bucket, in one sentence (banner, ``kvgw bucket list``)."""
+    parts = []
+    if policy.capacity_bytes is None:
+        parts.append("no filesystem-tier capacity: it grows until the disk is full (set --capacity-bytes)")
+    else:
+        where = "demoted to S3" if policy.write_through or policy.s3_capacity_bytes is not None else "evicted"
+        parts.append(f"above {policy.high_watermark:.0%} of {_gib(policy.capacity_bytes)} on the filesystem tier, "
+                     f"chunks are {where} in {policy.eviction_policy} order down to {policy.low_watermark:.0%}")
+    if policy.default_ttl_seconds:
+        parts.append(f"chunks expire after {policy.default_ttl_seconds} s unless a PUT says otherwise")
+    return "; ".join(parts)
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.1f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.1f} MiB"
 
 
 class BucketService:
     """Bucket lifecycle over the catalog, the directory view and the index."""
 
-    def __init__(self, catalog: Catalog, directory: Directory, index: ChunkIndex, *, max_chunk_bytes: int,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, catalog: Catalog, directory: Directory, index: ChunkIndex, *,
+                 new_policy: Callable[[str], BucketPolicy], clock: Callable[[], float] = time.time) -> None:
         self._catalog = catalog
         self._directory = directory
         self._index = index
-        self._max_chunk_bytes = max_chunk_bytes
+        self._new_policy = new_policy
         self._clock = clock
         self._created: dict[str, float] = {}
 
@@ -62,7 +93,7 @@ class BucketService:
         """A new bucket with the gateway's default policy. BucketAlreadyOwnedByYou if it exists."""
         if not is_valid_bucket_name(name):
             raise InvalidBucketName(f"invalid bucket name {name!r}")
-        policy = BucketPolicy(name, self._max_chunk_bytes)
+        policy = self._new_policy(name)
         try:
             await asyncio.to_thread(self._catalog.create_bucket, policy)
         except CatalogConflict:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from backends.tiers import TierId
 from gateway.config import Settings, load_settings
 
 
@@ -24,39 +24,16 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.api.holding import HoldingHttpToolsProtocol
-    from gateway.app import create_app
+    from gateway.logs import configure as configure_logging
+    from gateway.serve import serve
 
     settings = _settings(
         args, host=args.host, port=args.port, anonymous=True if args.anonymous else None,
-        fsync=False if args.no_fsync else None,
+        anonymous_admin=True if args.anonymous_admin else None, fsync=False if args.no_fsync else None,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, log_format=args.log_format, workers=args.workers,
     )
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    root = app.gateway.generated_root
-    if root is not None:
-        print(
-            "kvgw: generated root credentials (shown once; saved to "
-            f"{root.path}, mode 0600)\n  access key: {root.access_key}\n  secret key: {root.secret_key}",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(f"kvgw: serving on http://{settings.host}:{settings.port} (data dir {settings.data_dir})",
-          file=sys.stderr, flush=True)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http=HoldingHttpToolsProtocol,  # httptools, small responses in one write
-        lifespan="on",
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        timeout_keep_alive=30,
-    )
-    return 0
+    configure_logging(settings.log_level, settings.log_format)
+    return serve(settings)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -106,23 +83,23 @@ def cmd_scrub(args: argparse.Namespace) -> int:
 def cmd_bucket(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from backends.catalog.store import BucketPolicy
-    from gateway.keys import is_valid_bucket_name
+    from gateway.buckets import describe_policy, new_bucket_policy
     from gateway.runtime import open_catalog, validate_policy
+    from kvgw_client.keys import is_valid_bucket_name
 
     settings = _settings(args)
     catalog = open_catalog(settings)
     try:
         if args.bucket_cmd == "list":
             for b in catalog.list_buckets():
-                print(json.dumps(_policy_doc(b)))
+                print(json.dumps({**_policy_doc(b), "lifecycle": describe_policy(b)}))
             return 0
         if not is_valid_bucket_name(args.name):
             print(f"invalid bucket name {args.name!r}", file=sys.stderr)
             return 2
         given = {f: getattr(args, f) for f in _POLICY_FLAGS if getattr(args, f) is not None}
         if args.bucket_cmd == "create":
-            policy = replace(BucketPolicy(args.name, settings.max_chunk_bytes), **given)
+            policy = replace(new_bucket_policy(args.name, settings), **given)
         else:
             current = catalog.get_bucket(args.name)
             if current is None:
@@ -131,7 +108,7 @@ def cmd_bucket(args: argparse.Namespace) -> int:
             policy = replace(current, **given)
         validate_policy(policy)
         (catalog.create_bucket if args.bucket_cmd == "create" else catalog.update_bucket)(policy)
-        print(json.dumps(_policy_doc(policy)))
+        print(json.dumps({**_policy_doc(policy), "lifecycle": describe_policy(policy)}))
         return 0
     finally:
         catalog.close()
@@ -139,11 +116,33 @@ def cmd_bucket(args: argparse.Namespace) -> int:
 
 _POLICY_FLAGS = ("default_ttl_seconds", "max_chunk_bytes", "capacity_bytes", "anonymous_read", "anonymous_write",
                  "write_tier", "write_through", "s3_capacity_bytes", "high_watermark", "low_watermark",
-                 "eviction_policy")
+                 "eviction_policy", "max_lease_ms", "max_leased_bytes")
 
 
 def _policy_doc(policy: Any) -> dict[str, Any]:
     return {f: getattr(policy, f) for f in policy.__slots__}
+
+
+def cmd_bucket_delete(args: argparse.Namespace) -> int:
+    """Through the gateway's own BucketService: emptiness is decided by the index, as DeleteBucket does."""
+    import functools
+
+    from gateway.buckets import BucketService, new_bucket_policy
+    from gateway.errors import KvgwError
+
+    async def job(gateway: Any) -> int:
+        buckets = BucketService(gateway.catalog, gateway.directory, gateway.index,
+                                new_policy=functools.partial(new_bucket_policy, settings=gateway.settings))
+        try:
+            await buckets.delete(args.name)
+        except KvgwError as exc:
+            print(f"kvgw: {exc.code}: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps({"deleted": args.name}))
+        return 0
+
+    result: int = _with_gateway(args, job)
+    return result
 
 
 def cmd_cred(args: argparse.Namespace) -> int:
@@ -152,8 +151,12 @@ def cmd_cred(args: argparse.Namespace) -> int:
     catalog = open_catalog(_settings(args))
     try:
         grants = {bucket: (True, bool(args.write)) for bucket in args.bucket or []}
+        if args.delete and not grants:
+            print("kvgw: --delete needs --bucket (the buckets it may delete from)", file=sys.stderr)
+            return 2
         access_key, secret_key = catalog.create_credential(
-            is_root=args.root, description=args.description, grants=grants
+            is_root=args.root, description=args.description, grants=grants,
+            deletes=list(grants) if args.delete else (),
         )
         print(json.dumps({"access_key": access_key, "secret_key": secret_key, "root": args.root}))
         return 0
@@ -161,11 +164,110 @@ def cmd_cred(args: argparse.Namespace) -> int:
         catalog.close()
 
 
+
+def _with_catalog(args: argparse.Namespace, job: Callable[[Any], int]) -> int:
+    from gateway.runtime import open_catalog
+
+    catalog = open_catalog(_settings(args))
+    try:
+        return job(catalog)
+    finally:
+        catalog.close()
+
+
+def cmd_cred_list(args: argparse.Namespace) -> int:
+    """One JSON line per credential: access key, root, disabled, grants (never the secret)."""
+
+    def job(catalog: Any) -> int:
+        for record in catalog.credentials():
+            grants = {bucket: {"read": read, "write": write, "delete": bucket in record.deletes}
+                      for bucket, (read, write) in record.grants.items()}
+            print(json.dumps({"access_key": record.access_key, "root": record.is_root,
+                              "disabled": record.disabled, "grants": grants}))
+        return 0
+
+    return _with_catalog(args, job)
+
+
+def cmd_cred_delete(args: argparse.Namespace) -> int:
+    def job(catalog: Any) -> int:
+        if not catalog.delete_credential(args.access_key):
+            print(f"kvgw: no credential {args.access_key}", file=sys.stderr)
+            return 1
+        print(json.dumps({"deleted": args.access_key}))
+        return 0
+
+    return _with_catalog(args, job)
+
+
+def cmd_cred_rotate(args: argparse.Namespace) -> int:
+    from backends.catalog.store import CatalogNotFound
+
+    def job(catalog: Any) -> int:
+        try:
+            secret_key = catalog.rotate_secret(args.access_key, args.secret_key)
+        except CatalogNotFound:
+            print(f"kvgw: no credential {args.access_key}", file=sys.stderr)
+            return 1
+        print(json.dumps({"access_key": args.access_key, "secret_key": secret_key}))
+        return 0
+
+    return _with_catalog(args, job)
+
+def cmd_cluster_status(args: argparse.Namespace) -> int:
+    """Members, feed, lifecycle leader, usage against capacity: read from the catalog, no gateway needed."""
+    from sqlalchemy.exc import DBAPIError
+
+    from gateway.cluster.db import ClusterDB
+    from gateway.cluster.members import cluster_status, format_status
+
+    settings = _settings(args)
+    db = ClusterDB(settings.catalog_dsn, channel=settings.cluster_feed_channel)
+    try:
+        status = cluster_status(db, timeout_seconds=settings.cluster_member_timeout_seconds)
+    except DBAPIError as exc:
+        print(f"kvgw: cannot read the cluster state from the catalog ({type(exc.orig).__name__}); "
+              "is KVGW_CATALOG_URL right, and the catalog upgraded (kvgw db upgrade)?", file=sys.stderr)
+        return 1
+    finally:
+        db.close()
+    print(json.dumps(status, indent=1) if args.json else format_status(status))
+    return 0
+
+
+def cmd_cluster_reconcile(args: argparse.Namespace) -> int:
+    """Recount the shared usage ledger from the tiers (reads every chunk's record)."""
+    import time
+
+    from gateway.cluster.resync import count_tiers
+    from gateway.cluster.usage import usage_rows, write_usage
+
+    async def job(gw: Any) -> list[dict[str, Any]]:
+        db = gw.cluster.db
+        head = await db.run(db.current_head)  # events after it were made while the tiers were read
+        count = await count_tiers(gw.tiers)
+        await db.run(lambda: write_usage(db, count, [int(t) for t in gw.tiers], now=time.time(), since=head))
+        rows: list[dict[str, Any]] = await db.run(lambda: usage_rows(db))
+        return rows
+
+    rows = _with_gateway(args, job)
+    for row in rows:
+        print(json.dumps(row))
+    print(f"usage ledger recounted from the tiers: {len(rows)} (bucket, tier) rows", file=sys.stderr)
+    return 0
+
+
 BENCHMARKS = {
     "io": "gateway.bench.io",  # native API I/O against raw disk and nginx
     "trace": "gateway.bench.trace",  # hit rates on Mooncake traces (sim / online)
     "s3": "gateway.bench.s3",  # the S3 API against the native API and moto
     "lmcache": "gateway.bench.lmcache",  # LMCache's own storage paths through kvgw
+    "slow-clients": "gateway.bench.slow_clients",  # latency while 1,000 stalled connections are open
+    "memory": "gateway.bench.memory",  # peak RSS while 32 clients read large chunks
+    "sglang": "gateway.bench.sglang",  # SGLang HiCache L3: kvgw's backend, SGLang's S3 and file backends
+    "head": "gateway.bench.head",  # S3 HEAD rate at 8 and 64 clients (vLLM's object tier) against a FastAPI route
+    "s3-outage": "gateway.bench.s3_outage",  # exists / PUT / S3-only GET latency with S3 hung or dead
+    "cluster": "gateway.bench.cluster",  # RSS at 1M chunks, coordination cost, feed lag, --workers scaling
 }
 
 
@@ -185,8 +287,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(serve)
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8080)")
-    serve.add_argument("--anonymous", action="store_true", help="allow unauthenticated requests (local use)")
+    serve.add_argument("--anonymous", action="store_true",
+                       help="let unauthenticated requests read and write every bucket (local use)")
+    serve.add_argument("--anonymous-admin", action="store_true",
+                       help="let unauthenticated requests also delete and administer (local use only)")
     serve.add_argument("--no-fsync", action="store_true", help="do not fsync chunks (faster, not crash-safe)")
+    serve.add_argument("--workers", type=int, help="worker processes sharing the port (default: one per core, "
+                       "at most KVGW_MAX_WORKERS, with a PostgreSQL catalog; 1 with the embedded SQLite one)")
+    serve.add_argument("--log-format", choices=("text", "json"), help="log lines as text (default) or JSON")
+    serve.add_argument("--tls-cert", type=Path, help="serve https with this certificate (PEM, chain first)")
+    serve.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
     serve.set_defaults(func=cmd_serve)
 
     db = sub.add_parser("db", help="catalog database")
@@ -218,13 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--s3-capacity-bytes", type=int, help="S3-tier capacity for this bucket")
         p.add_argument("--anonymous-read", action=argparse.BooleanOptionalAction)
         p.add_argument("--anonymous-write", action=argparse.BooleanOptionalAction)
-        p.add_argument("--write-tier", choices=["fs", "s3"])
+        p.add_argument("--write-tier", choices=TierId.labels())
         p.add_argument("--write-through", action=argparse.BooleanOptionalAction,
                        help="copy every filesystem write to S3 in the background")
         p.add_argument("--high-watermark", type=float)
         p.add_argument("--low-watermark", type=float)
         p.add_argument("--eviction-policy")
+        p.add_argument("--max-lease-ms", type=int, help="the longest read lease a lookup may take (ms)")
+        p.add_argument("--max-leased-bytes", type=int,
+                       help="bytes leased at once (default: a tenth of the bucket's capacity)")
         p.set_defaults(func=cmd_bucket)
+    remove = bucket_sub.add_parser("delete", help="delete an empty bucket (its grants go with it)")
+    _common(remove)
+    remove.add_argument("name")
+    remove.set_defaults(func=cmd_bucket_delete)
     listing = bucket_sub.add_parser("list")
     _common(listing)
     listing.set_defaults(func=cmd_bucket)
@@ -236,8 +353,33 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--root", action="store_true")
     create.add_argument("--bucket", action="append", help="grant read access to this bucket (repeatable)")
     create.add_argument("--write", action="store_true", help="grant write access too")
+    create.add_argument("--delete", action="store_true",
+                        help="also let it delete chunks in these buckets (DeleteObject(s), native DELETE); "
+                             "never implied by --write")
     create.add_argument("--description", default="")
     create.set_defaults(func=cmd_cred)
+    listing = cred_sub.add_parser("list", help="list credentials and their grants (secrets are never shown)")
+    _common(listing)
+    listing.set_defaults(func=cmd_cred_list)
+    remove = cred_sub.add_parser("delete", help="delete a credential (gateways refuse it from their next refresh)")
+    _common(remove)
+    remove.add_argument("access_key")
+    remove.set_defaults(func=cmd_cred_delete)
+    rotate = cred_sub.add_parser("rotate", help="give a credential a new secret (printed once)")
+    _common(rotate)
+    rotate.add_argument("access_key")
+    rotate.add_argument("--secret-key", help="the new secret (default: generated); e.g. a new KVGW_ROOT_SECRET_KEY")
+    rotate.set_defaults(func=cmd_cred_rotate)
+
+    cluster = sub.add_parser("cluster", help="several gateways on one catalog")
+    cluster_sub = cluster.add_subparsers(dest="cluster_cmd", required=True)
+    status = cluster_sub.add_parser("status", help="members, feed lag, lifecycle leader, usage vs capacity")
+    _common(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(func=cmd_cluster_status)
+    reconcile = cluster_sub.add_parser("reconcile", help="recount the shared usage ledger from the tiers")
+    _common(reconcile)
+    reconcile.set_defaults(func=cmd_cluster_reconcile)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints baselines measured in the same run)")
     bench.add_argument("bench_cmd", choices=sorted(BENCHMARKS))

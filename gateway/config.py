@@ -2,17 +2,27 @@
 
 Sources, highest precedence first: command-line flags, ``KVGW_*`` environment variables, a TOML config
 file (``--config FILE`` or ``KVGW_CONFIG``), defaults. Nested settings use ``__`` in variable names
-(``KVGW_S3__ENDPOINT``). Nothing here is read at import time.
+(``KVGW_S3__ENDPOINT_URL``). Nothing here is read at import time.
+
+Mistakes get one clear line each: an unknown ``KVGW_*`` variable is reported (with the setting it was
+probably meant to be) and ignored, since the ``KVGW_`` namespace is shared with kvgw's client and
+tests; a value that does not parse refuses the start (``SettingsError``). ``postgres://`` and
+``postgresql://`` catalog URLs mean PostgreSQL through psycopg.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import difflib
+import logging
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backends.s3_settings import S3TierSettings
@@ -20,8 +30,32 @@ from backends.s3_settings import S3TierSettings
 MiB = 1 << 20
 
 
+log = logging.getLogger("kvgw.config")
+
+ENV_PREFIX = "KVGW_"
+OTHER_VARIABLES = frozenset({
+    "KVGW_CONFIG",  # the config file itself
+    "KVGW_ACCESS_KEY", "KVGW_SECRET_KEY",  # kvgw's client (a user's credential; see catalog_key below)
+    "KVGW_REQUIRE_SERVICES", "KVGW_TRACES_DIR", "KVGW_AWS_CLI",  # the test suite
+})
+"""``KVGW_*`` variables that are not gateway settings but are not mistakes either."""
+OTHER_PREFIXES = ("KVGW_TEST_",)
+
+
 class ConfigurationError(Exception):
     """The settings describe a deployment kvgw refuses to run (the message says why and what to do)."""
+
+
+class SettingsError(ConfigurationError):
+    """A setting's value does not parse; the message has one line per bad setting."""
+
+
+def is_fernet_key(value: str | bytes) -> bool:
+    """Whether ``value`` is a Fernet key (32 bytes, url-safe base64): what the catalog key must be."""
+    try:
+        return len(base64.urlsafe_b64decode(value)) == 32
+    except (binascii.Error, ValueError):
+        return False
 
 
 class Settings(BaseSettings):
@@ -36,21 +70,34 @@ class Settings(BaseSettings):
     s3: S3TierSettings | None = None  # the S3 tier (KVGW_S3__ENDPOINT_URL, KVGW_S3__BUCKET, ...); off if unset
     index_dir: Path | None = None
     catalog_url: str | None = None
-    secret_key: SecretStr | None = None  # Fernet key for credential secrets; else secret_key_file
-    secret_key_file: Path | None = None
+    catalog_key: SecretStr | None = None  # Fernet key encrypting credential secrets in the catalog
+    catalog_key_file: Path | None = None  # else this file (default <data-dir>/secret.key)
+    secret_key: SecretStr | None = None  # deprecated name of catalog_key (clashes with the client's secret)
+    secret_key_file: Path | None = None  # deprecated name of catalog_key_file
     root_access_key: str | None = None
     root_secret_key: SecretStr | None = None
 
-    anonymous: bool = False  # let unauthenticated requests act as root (local use only)
+    workers: int | None = None  # worker processes; None: one per core on a PostgreSQL catalog, 1 on SQLite
+    max_workers: int = 8  # the cap of the default above
+    shutdown_grace_seconds: float = 30.0  # SIGTERM: in-flight requests get this long to finish
+    tls_cert: Path | None = None  # serve https: certificate chain (PEM); needs tls_key
+    tls_key: Path | None = None
+    anonymous: bool = False  # let unauthenticated requests read and write every bucket (local use only)
+    anonymous_admin: bool = False  # ... and delete and administer too (implies anonymous)
     default_bucket: str = "kvcache"
     max_chunk_bytes: int = 256 * MiB
+    default_capacity_fraction: float = 0.9  # a new bucket's fs-tier capacity: this share of the filesystem (0: none)
 
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
     verify_reads: bool = True  # check a chunk's checksum before serving its first byte
     whole_read_max_bytes: int = 16 * MiB  # chunks up to this size are read in one go, larger ones streamed
     read_window_bytes: int = 4 * MiB  # piece size when streaming
-    read_buffer_budget_bytes: int = 256 * MiB  # bytes of whole-read buffers in flight across requests
+    read_buffer_budget_bytes: int = 128 * MiB  # chunk bytes all reads may hold at once (gateway.read_budget)
     body_idle_timeout: float = 60.0  # seconds a PUT body may stall before the upload is dropped
+    header_timeout: float = 10.0  # seconds for a request head to arrive complete (slow clients are closed)
+    idle_timeout: float = 30.0  # seconds a keep-alive connection may wait for its next request
+    max_connections: int = 10_000  # open connections per worker process; past it: 503 and close
+    max_connections_per_client: int = 1_000  # open connections from one client address per worker process
 
     promote_on_read: bool = True  # a read of an S3-only chunk copies it into the filesystem tier first
     s3_lookup_on_miss: bool = True  # an index and filesystem miss asks S3 (chunks other gateways wrote)
@@ -60,12 +107,31 @@ class Settings(BaseSettings):
     # lost, if it is ever evicted
     lifecycle_interval: float = 1.0  # seconds between lifecycle passes
     lifecycle_budget: int = 256  # chunks a pass may expire, replicate or evict
+    lifecycle_lease_seconds: float = 5.0  # the lifecycle leader's lease; a dead leader is replaced within ~1.3x
 
     index_map_size: int = 1 << 30
     index_sync: bool = False
     index_allow_network_fs: bool = False
     catalog_refresh_seconds: float = 5.0
     staging_max_age_seconds: float = 3600.0
+
+    # Several gateways on one catalog (gateway.cluster): the change feed, usage ledger, members
+    cluster_enabled: bool = True  # false: no feed, no shared usage, no membership (one gateway; benchmarks)
+    cluster_flush_seconds: float = 0.1  # a feed batch is written this long after its first event...
+    cluster_flush_events: int = 1000  # ...or as soon as this many events are queued
+    cluster_read_flush_seconds: float = 1.0  # reads are aggregated and published this often
+    cluster_max_queued_events: int = 100_000  # events held while the catalog is unreachable; past it: 503
+    cluster_poll_seconds: float = 0.25  # the feed is read this often besides LISTEN wake-ups
+    cluster_feed_channel: str = "kvgw_feed"  # PostgreSQL NOTIFY channel of the feed
+    cluster_feed_retention_seconds: float = 86400.0  # events kept this long...
+    cluster_feed_retention_events: int = 10_000_000  # ...and at most this many (a gateway further behind resyncs)
+    cluster_trim_seconds: float = 60.0  # how often a member trims the feed
+    cluster_snapshot_seconds: float = 600.0  # the leader shares an index snapshot this often (0: never, none used)
+    cluster_heartbeat_seconds: float = 2.0  # members' heartbeat
+    cluster_member_timeout_seconds: float = 15.0  # a member without heartbeat this long is shown down
+    cluster_member_forget_seconds: float = 3600.0  # ... and its row deleted after this long
+    cluster_usage_refresh_seconds: float = 1.0  # how often the shared usage ledger is read
+    cluster_url: str | None = None  # this gateway's URL as other members and operators see it
 
     # S3-compatible API (gateway.api.s3.app)
     s3_api_default_bucket: str | None = None  # bucket of bare-host requests (LMCache s3://host:port); default_bucket
@@ -76,6 +142,7 @@ class Settings(BaseSettings):
     s3_api_sweep_interval_seconds: float = 600.0
 
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one object per line, with the request id
     access_log: bool = False
 
     @property
@@ -94,9 +161,34 @@ class Settings(BaseSettings):
     def catalog_dsn(self) -> str:
         return self.catalog_url or f"sqlite:///{(self.data_dir / 'catalog.sqlite').resolve()}"
 
+    @field_validator("catalog_url")
+    @classmethod
+    def _psycopg_url(cls, url: str | None) -> str | None:
+        """``postgres://`` / ``postgresql://`` (as libpq, Heroku and most docs write them) mean psycopg 3."""
+        if url is None:
+            return None
+        for scheme in ("postgres://", "postgresql://"):
+            if url.startswith(scheme):
+                return "postgresql+psycopg://" + url.removeprefix(scheme)
+        return url
+
     @property
-    def secret_key_path(self) -> Path:
-        return self.secret_key_file or self.data_dir / "secret.key"
+    def catalog_key_path(self) -> Path:
+        return self.catalog_key_file or self.secret_key_file or self.data_dir / "secret.key"
+
+    def given_catalog_key(self) -> bytes | None:
+        """The catalog key given by setting (not by file), or None.
+
+        ``secret_key`` (``KVGW_SECRET_KEY``) is honoured, with a deprecation warning, only when it is a
+        Fernet key: on a host that also runs kvgw's client it holds a user's secret instead.
+        """
+        if self.catalog_key is not None:
+            return self.catalog_key.get_secret_value().encode()
+        if self.secret_key is not None and is_fernet_key(self.secret_key.get_secret_value()):
+            log.warning("KVGW_SECRET_KEY as the catalog key is deprecated: rename it KVGW_CATALOG_KEY "
+                        "(KVGW_SECRET_KEY is the client's secret key)")
+            return self.secret_key.get_secret_value().encode()
+        return None
 
     @property
     def root_credentials_path(self) -> Path:
@@ -135,6 +227,39 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             return init_settings, env_settings, _TomlSource(settings_cls, path)
 
+    report_unknown_variables(os.environ)
     values = {k: v for k, v in overrides.items() if v is not None}
-    return _Settings(**values)
+    try:
+        return _Settings(**values)
+    except ValidationError as exc:
+        raise SettingsError("\n".join(_one_line(e) for e in exc.errors())) from None
+
+
+def _one_line(error: Mapping[str, Any]) -> str:
+    name = "__".join(str(part) for part in error["loc"]).upper()
+    return f"bad setting {ENV_PREFIX}{name}={error.get('input')!r}: {error['msg']}"
+
+
+def known_variables() -> set[str]:
+    """Every ``KVGW_*`` variable that is a setting (nested S3 tier settings included)."""
+    names = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    names |= {f"{ENV_PREFIX}S3__{name.upper()}" for name in S3TierSettings.model_fields}
+    return names
+
+
+def report_unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Warn once per ``KVGW_*`` variable that is no setting (it is ignored); returns the warnings."""
+    known = known_variables()
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if (not upper.startswith(ENV_PREFIX) or upper in known or upper in OTHER_VARIABLES
+                or upper.startswith(OTHER_PREFIXES)):
+            continue
+        guess = difflib.get_close_matches(upper, known, n=1)
+        hint = f" (did you mean {guess[0]}?)" if guess else ""
+        lines.append(f"unknown setting {name} ignored{hint}")
+    for line in lines:
+        log.warning(line)
+    return lines
 

@@ -1,21 +1,27 @@
 """Domain errors: what the service tells an API went wrong, independent of any wire format.
 
-Each API maps these to its own status codes and bodies through one table (native: JSON error bodies,
-S3: XML error bodies); no handler chooses a status code itself. Backend errors are translated to these
-in the service, at one place (``translate_backend_error``).
+Every domain error of the gateway is defined here, each with its machine-readable ``code``. Each API
+maps them to its own status codes and bodies through one table keyed by class (native:
+``gateway.api.native.STATUS``, JSON error bodies; S3: ``gateway.api.s3.app.DOMAIN_CODES``, XML error
+bodies); no handler chooses a status code itself, and ``tests/unit/test_error_tables.py`` fails when
+a class is missing from either table. Backend errors are translated to these at one place
+(``translate_backend_error``).
 
     KvgwError(code)
     ├── NoSuchBucket, NoSuchChunk
     ├── InvalidKey, InvalidRequest, IncompleteBody, BadDigest, InvalidRange
     ├── MissingContentLength, ChunkTooLarge, PreconditionFailed
     ├── Unauthorized, AccessDenied
-    └── InsufficientStorage, ServiceUnavailable, InternalError
+    ├── InsufficientStorage, ServiceUnavailable, InternalError
+    ├── MethodNotAllowed, NotFound                     the native API's routing
+    ├── NoSuchUpload, InvalidPart, EntityTooSmall      multipart uploads (S3 API)
+    └── InvalidBucketName, BucketAlreadyOwned, BucketNotEmpty   bucket create / delete (S3 API)
 """
 
 from __future__ import annotations
 
 from backends import errors as backend
-from gateway.wire import ErrorCode
+from kvgw_client.wire import ErrorCode
 
 
 class KvgwError(Exception):
@@ -105,10 +111,61 @@ class InternalError(KvgwError):
     code = ErrorCode.INTERNAL_ERROR
 
 
+# -- the native API's routing --------------------------------------------------------------------
+
+
+class MethodNotAllowed(KvgwError):
+    code = ErrorCode.METHOD_NOT_ALLOWED
+    default_message = "method not allowed on this resource"
+
+
+class NotFound(KvgwError):
+    code = ErrorCode.NOT_FOUND
+    default_message = "no such API endpoint"
+
+
+# -- multipart uploads (codes are S3's) ----------------------------------------------------------
+
+
+class NoSuchUpload(KvgwError):
+    code = "NoSuchUpload"
+    default_message = "the multipart upload does not exist (aborted, completed or never started)"
+
+
+class InvalidPart(KvgwError):
+    code = "InvalidPart"
+    default_message = "a listed part was not uploaded or its ETag does not match"
+
+
+class EntityTooSmall(KvgwError):
+    code = "EntityTooSmall"
+    default_message = "a part other than the last is smaller than the minimum part size"
+
+
+# -- bucket create / delete (codes are S3's) -----------------------------------------------------
+
+
+class InvalidBucketName(KvgwError):
+    code = "InvalidBucketName"
+    default_message = "the bucket name breaks the naming rules"
+
+
+class BucketAlreadyOwned(KvgwError):
+    code = "BucketAlreadyOwnedByYou"
+    default_message = "the bucket already exists"
+
+
+class BucketNotEmpty(KvgwError):
+    code = "BucketNotEmpty"
+    default_message = "the bucket is not empty"
+
+
 def translate_backend_error(exc: backend.BackendError) -> KvgwError:
     """The one place a backend failure becomes a domain error (most specific first)."""
     if isinstance(exc, backend.ChunkNotFound):
         return NoSuchChunk()
+    if isinstance(exc, backend.UploadNotFound):
+        return NoSuchUpload()
     if isinstance(exc, backend.StorageFull):
         return InsufficientStorage()
     if isinstance(exc, backend.TierUnavailable):

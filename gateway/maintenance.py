@@ -14,13 +14,14 @@ import xxhash
 
 from backends.base import ChunkMeta, Tier
 from backends.errors import BackendError
-from backends.index import TIER_FS, ChunkIndex, IndexEntry
-from gateway.keys import chunk_digest
+from backends.index import ChunkIndex, IndexEntry
+from backends.tiers import TierId
+from kvgw_client.keys import chunk_digest
 
 _BATCH = 512
 
 
-def entry_from_meta(meta: ChunkMeta, tiers: int = TIER_FS) -> IndexEntry:
+def entry_from_meta(meta: ChunkMeta, tiers: int = TierId.FS) -> IndexEntry:
     return IndexEntry(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires,
                       last_access=meta.created, tiers=tiers)
 
@@ -39,7 +40,7 @@ class ScrubReport:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
 
 
-async def rebuild_index(index: ChunkIndex, tiers: Mapping[int, Tier]) -> int:
+async def rebuild_index(index: ChunkIndex, tiers: Mapping[TierId, Tier]) -> int:
     """Drop the index and recreate it from every tier (a chunk in several tiers gets every bit);
     returns the number of chunks indexed."""
     await index.clear()
@@ -110,7 +111,7 @@ async def scrub(index: ChunkIndex, tier: Tier, *, repair: bool = True, window: i
         if not page:
             break
         for digest, entry in page:
-            if digest in seen or not entry.tiers & TIER_FS:
+            if digest in seen or not entry.tiers & TierId.FS:
                 continue
             if (await tier.stat_many([digest]))[0] is not None:
                 continue  # written after the scan passed its directory

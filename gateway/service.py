@@ -1,20 +1,35 @@
-"""The chunk service: the one place that implements write-once storage, lookups and verified reads.
+"""The chunk service: the request path, the one place that implements write-once storage, lookups
+and verified reads.
 
-Every API (native, S3) and every background job (lifecycle, prefetch) calls this; it calls the index
-and the tiers. Rules it enforces for all of them:
+Every API (native, S3) calls this; it calls the index, the tiers and, to copy chunks between tiers,
+the tier mover (``gateway.mover``, which is also the lifecycle engine's API). Rules it enforces:
 
 - Write-once: the first complete write of a key wins; later writes store nothing and report the
   chunk that exists. A write becomes visible only complete and verified (tier ``publish``).
 - The index is a cache: a miss falls through to the tiers (filesystem, then S3), so a chunk another
   gateway wrote (or one the index lost) is found and then indexed. An expired entry is absent at once.
+  Lookups (HEAD, exists, prefix, locate) answer from an index hit without touching a tier; with
+  several gateways an entry can be stale for as long as the cluster feed lags (``gateway.cluster``).
+- A stale index costs a lookup, never a write: before a write answers "the key exists" (PUT 200 with
+  ``X-Kvgw-Existed``, ``If-None-Match: *`` 412, S3 PutObject / CompleteMultipartUpload), the chunk
+  is confirmed in a tier (``lookup_for_write``); a stale entry is dropped and the write proceeds. The
+  tier's create-if-absent (``link``) stays the arbiter between concurrent writers.
+- A read whose indexed copies are all gone asks the tiers once more before answering 404 (another
+  gateway may have moved the chunk to the other tier); bytes of a deleted chunk are never served.
 - Reads are verified before their first byte leaves (setting ``verify_reads``): a chunk whose bytes
   no longer match its checksum is quarantined and reported absent, never served.
-- Tiers: a chunk lives in the filesystem tier, the S3 tier, or both (index tier bits). Reads prefer
-  the filesystem; a read of an S3-only chunk first copies it into the filesystem tier (promotion,
-  once however many readers wait for it). Moves keep a crash-safe order: copy, verify, switch the
-  index, then delete the old copy.
+- Tiers: a chunk lives in the filesystem tier, the S3 tier, or both (index tier bits, ``TierId``).
+  Reads prefer the filesystem; a read of an S3-only chunk first copies it into the filesystem tier
+  (``TierMover.promote``, once however many readers wait for it).
 
-Every change is reported to ``events`` (the lifecycle engine) so it can keep its ledgers.
+Errors: every public method raises only domain errors (``gateway.errors``), never a backend's
+(``backends.errors``); the translation happens here, in ``translate_backend_error``. A ``ChunkBody``
+also raises domain errors while it streams.
+
+Every change is reported to ``events`` (the lifecycle ledgers and the cluster feed) so the lifecycle
+engine can keep its order of eviction and other gateways their indexes. Writes and deletes are refused
+(503) while ``admit_writes`` says no: the cluster feed cannot take more events (the catalog has been
+unreachable for long; see ``gateway.cluster``).
 """
 
 from __future__ import annotations
@@ -23,171 +38,51 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 import xxhash
 
 from backends import errors as backend
 from backends.base import ChunkMeta, FileLocator, Tier
 from backends.catalog.store import BucketPolicy
-from backends.index import TIER_FS, TIER_S3, ChunkIndex, IndexEntry
+from backends.index import ChunkIndex, IndexEntry
+from backends.request_path import RequestPathTier, request_budget
+from backends.tiers import TierId
 from gateway.access import Directory
+from gateway.buckets import check_chunk_size
+from gateway.chunks import (
+    ByteRange,
+    ChunkBody,
+    ChunkEvents,
+    ChunkInfo,
+    ChunkLocation,
+    ListPage,
+    NoEvents,
+    PrefetchResult,
+    PutResult,
+    RemovedReason,
+    resolve_range,
+)
 from gateway.config import Settings
 from gateway.errors import (
     BadDigest,
-    ChunkTooLarge,
     IncompleteBody,
     InvalidKey,
-    InvalidRange,
     InvalidRequest,
     NoSuchChunk,
     ServiceUnavailable,
     translate_backend_error,
 )
-from gateway.keys import InvalidKeyError, chunk_digest, digest_many
+from gateway.leases import LeaseBook, LeaseGrant
+from gateway.mover import TierMover
+from gateway.read_budget import ReadBudget, budgeted
+from kvgw_client.keys import InvalidKeyError, chunk_digest, digest_many
 
 log = logging.getLogger("kvgw.service")
 
-MAX_TTL_SECONDS = 10 * 365 * 86400
 _HASH_ON_LOOP_BYTES = 1 << 20  # larger buffers are hashed in a worker thread
-TIER_ORDER = (TIER_FS, TIER_S3)  # read preference
-TIER_NAMES = {TIER_FS: "fs", TIER_S3: "s3"}
-
-
-class ChunkEvents(Protocol):
-    """What the service reports to the lifecycle engine. Called on the event loop; must not block."""
-
-    def stored(self, bucket: str, digest: bytes, tier: int, size: int, expires: float,
-               parent: bytes | None, now: float) -> None: ...
-
-    def read(self, bucket: str, digest: bytes, tier: int, now: float) -> None: ...
-
-    def removed(self, bucket: str, digest: bytes, tier: int) -> None: ...
-
-    def chained(self, bucket: str, digests: list[bytes]) -> None: ...
-
-
-class NoEvents:
-    def stored(self, bucket: str, digest: bytes, tier: int, size: int, expires: float,
-               parent: bytes | None, now: float) -> None:
-        return None
-
-    def read(self, bucket: str, digest: bytes, tier: int, now: float) -> None:
-        return None
-
-    def removed(self, bucket: str, digest: bytes, tier: int) -> None:
-        return None
-
-    def chained(self, bucket: str, digests: list[bytes]) -> None:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkInfo:
-    bucket: str
-    key: str
-    size: int
-    checksum: int
-    created: float
-    expires: float
-    tiers: int = TIER_FS
-
-    @property
-    def tier(self) -> str:
-        """The tier a read is served from (the filesystem when it holds a copy)."""
-        return "fs" if self.tiers & TIER_FS else "s3"
-
-    @property
-    def checksum_hex(self) -> str:
-        return f"{self.checksum:016x}"
-
-    @property
-    def etag(self) -> str:
-        return f'"{self.checksum:016x}"'
-
-    @classmethod
-    def from_entry(cls, entry: IndexEntry) -> ChunkInfo:
-        return cls(entry.bucket, entry.key, entry.size, entry.checksum, entry.created, entry.expires, entry.tiers)
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkLocation:
-    """Where a client on the tier's host (or on its shared mount) finds a chunk's bytes itself."""
-
-    info: ChunkInfo
-    path: str | None  # chunk file relative to the filesystem tier's root; None: no file copy (S3 only)
-
-
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    created: bool  # False: the key already held a chunk, which was left unchanged
-    info: ChunkInfo
-
-
-@dataclass(frozen=True, slots=True)
-class PrefetchResult:
-    accepted: int  # S3-only chunks now being copied into the filesystem tier
-    local: int  # already in the filesystem tier
-    missing: int  # no such chunk
-
-
-class ChunkBody:
-    """Verified bytes of a chunk or a range of it. Iterate once; ``close`` releases buffers."""
-
-    def __init__(
-        self,
-        info: ChunkInfo,
-        offset: int,
-        length: int,
-        pieces: AsyncIterator[bytes | memoryview] | None = None,
-        data: bytes | memoryview | None = None,
-        release: Callable[[], None] | None = None,
-        tier: int = TIER_FS,
-    ) -> None:
-        self.info = info
-        self.offset = offset
-        self.length = length
-        self.data = data  # set when the bytes are already in memory (one piece)
-        self.tier = tier  # where the bytes came from
-        self._pieces = pieces
-        self._release = release
-
-    async def __aiter__(self) -> AsyncIterator[bytes | memoryview]:
-        if self.data is not None:
-            yield self.data
-        elif self._pieces is not None:
-            async for piece in self._pieces:
-                yield piece
-
-    async def close(self) -> None:
-        self.data = None
-        if self._pieces is not None:
-            await self._pieces.aclose()  # type: ignore[attr-defined]
-            self._pieces = None
-        if self._release is not None:
-            self._release()
-            self._release = None
-
-
-class _ByteBudget:
-    """Caps the bytes held by whole-chunk read buffers across all requests (memory stays bounded)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def try_take(self, n: int) -> Callable[[], None] | None:
-        if self.used + n > self.limit:
-            return None
-        self.used += n
-
-        def release() -> None:
-            self.used -= n
-
-        return release
+_READ_PREFERENCE = tuple(TierId)  # reads and lookups try the tiers in TierId order: filesystem first
 
 
 class _StaleEntry(Exception):
@@ -198,43 +93,49 @@ class _StaleEntry(Exception):
         self.fresh = fresh
 
 
-def parse_ttl(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    if not raw.isdigit() or not 0 < int(raw) <= MAX_TTL_SECONDS:
-        raise InvalidRequest(f"TTL must be a whole number of seconds between 1 and {MAX_TTL_SECONDS}")
-    return int(raw)
-
-
 class ChunkService:
     def __init__(
         self,
         settings: Settings,
         directory: Directory,
         index: ChunkIndex,
-        tiers: Mapping[int, Tier],
+        tiers: Mapping[TierId, Tier],
         *,
+        mover: TierMover | None = None,
         events: ChunkEvents | None = None,
         clock: Callable[[], float] = time.time,
+        admit_writes: Callable[[], str | None] | None = None,
+        leases: LeaseBook | None = None,
     ) -> None:
-        self.settings = settings
-        self.directory = directory
-        self.index = index
-        self.tiers = dict(tiers)
-        self.fs = self.tiers[TIER_FS]
-        self.s3 = self.tiers.get(TIER_S3)
-        self.events: ChunkEvents = events or NoEvents()
-        self.clock = clock
-        self._budget = _ByteBudget(settings.read_buffer_budget_bytes)
-        self._promotions: dict[bytes, asyncio.Future[bool]] = {}
-        self._background: set[asyncio.Task[bool]] = set()
-        self._prefetch_slots = asyncio.Semaphore(settings.prefetch_concurrency)
-        self.moved_bytes: Counter[str] = Counter()  # "fs->s3", "s3->fs": bytes copied between tiers
-        self.promotions = 0
+        """``mover``: the tier mover promotions go through (the lifecycle engine shares it); by default
+        one of the service's own over the same index, tiers, events and clock. ``admit_writes``: None
+        while writes may proceed, else why not (the answer is 503 with that message). ``leases``: where
+        lookups take read leases (``lease``); without it a lease request is refused."""
+        self._settings = settings
+        self._directory = directory
+        self._index = index
+        self._tiers = dict(tiers)
+        # What a waiting client asks of S3 runs under the request path's budgets (backends.request_path):
+        # a hung S3 costs a lookup lookup_timeout, never the tier's 30 s operation deadline.
+        self._s3_view = None if TierId.S3 not in self._tiers else RequestPathTier.for_s3(self._tiers[TierId.S3],
+                                                                                        settings.s3)
+        if self._s3_view is not None:
+            self._tiers[TierId.S3] = self._s3_view
+        self._s3 = self._tiers.get(TierId.S3)
+        self._events: ChunkEvents = events if events is not None else NoEvents()
+        self._clock = clock
+        self._mover = mover if mover is not None else TierMover(
+            index, tiers, events=self._events, clock=clock, read_window_bytes=settings.read_window_bytes,
+            prefetch_concurrency=settings.prefetch_concurrency,
+        )
+        self._admit_writes = admit_writes
+        self._leases = leases
+        self._budget = ReadBudget(settings.read_buffer_budget_bytes)
+        self._background: set[asyncio.Task[None]] = set()
         self.write_through_skipped = 0  # writes not queued for S3 because the queue was full
 
     async def bucket(self, name: str) -> BucketPolicy:
-        return await self.directory.bucket(name)
+        return await self._directory.bucket(name)
 
     @staticmethod
     def _digests(bucket: BucketPolicy, keys: Sequence[str]) -> list[bytes]:
@@ -252,10 +153,14 @@ class ChunkService:
         rather than answer "absent".
         """
         digest = chunk_digest(bucket.name, key)
-        entry = self.index.get(digest)
+        entry = self._index.get(digest)
         if entry is not None:
-            return ChunkInfo.from_entry(entry) if entry.alive(self.clock()) else None
+            return ChunkInfo.from_entry(entry) if self._readable(digest, entry, self._clock()) else None
         return (await self._fall_through_many([digest], bucket.name, [key], strict=strict))[0]
+
+    def _readable(self, digest: bytes, entry: IndexEntry, now: float) -> bool:
+        """Alive, or expired under a read lease this process granted (``LeaseBook.leased_here``)."""
+        return entry.alive(now) or (self._leases is not None and self._leases.leased_here(digest, now))
 
     async def head(self, bucket: BucketPolicy, key: str) -> ChunkInfo:
         info = await self.lookup(bucket, key)
@@ -263,9 +168,89 @@ class ChunkService:
             raise NoSuchChunk()
         return info
 
+    async def lookup_for_write(self, bucket: BucketPolicy, key: str) -> ChunkInfo | None:
+        """The live chunk under (bucket, key) as the tiers hold it now: what a write must respect.
+
+        Unlike ``lookup``, an index hit is not trusted: another gateway may have deleted, evicted or
+        expired the chunk since this index learned of it, and answering "exists" for it would lose
+        the write. The hit is confirmed by a ``stat`` of a tier the entry names (the chunk file's
+        footer; in S3 a ranged read of it); a copy of another incarnation replaces the entry; an
+        expired copy is reclaimed now (so the write can take the key); if no tier holds it, the entry
+        is dropped and the tiers are asked as on a miss.
+
+        Unreachable tiers (S3 down): an indexed copy that cannot be confirmed is trusted (write-once
+        keeps the indexed chunk rather than storing a second one); on a miss, only a bucket whose write
+        tier is S3 needs S3 to answer (ServiceUnavailable otherwise); a filesystem-tier bucket writes
+        to the filesystem, whose create-if-absent decides (``gateway.mover`` reconciles with S3 later).
+        """
+        digest = chunk_digest(bucket.name, key)
+        entry = self._index.get(digest)
+        if entry is not None:
+            now = self._clock()
+            for bit in _READ_PREFERENCE:
+                tier = self._tiers.get(bit)
+                if tier is None or not entry.tiers & bit:
+                    continue
+                try:
+                    meta = await tier.stat(digest)
+                except backend.ChunkNotFound:
+                    continue
+                except backend.ChunkCorrupt:
+                    await self._quarantine(tier, bit, digest, ChunkInfo.from_entry(entry))
+                    continue
+                except backend.TierUnavailable:
+                    return ChunkInfo.from_entry(entry) if entry.alive(now) else None  # cannot confirm
+                except backend.BackendError as exc:
+                    raise translate_backend_error(exc) from exc
+                if meta.bucket != bucket.name or meta.key != key:
+                    continue
+                try:
+                    if 0 < meta.expires <= now:
+                        await self._reclaim_expired(digest, meta)
+                        return None
+                    return await self._reindex(digest, meta, bit, now)
+                except backend.BackendError as exc:
+                    raise translate_backend_error(exc) from exc
+            # no tier the entry names holds the chunk: forget it, then look everywhere as on a miss
+            try:
+                dropped = await self._index.delete(digest)
+            except backend.BackendError as exc:
+                raise translate_backend_error(exc) from exc
+            if dropped is not None:
+                for bit in TierId:
+                    if dropped.tiers & bit:
+                        self._events.removed(bucket.name, digest, bit, reason="vanished",
+                                             info=ChunkInfo.from_entry(dropped))
+        strict = bucket.write_tier == TierId.S3.label and self._s3 is not None
+        return (await self._fall_through_many([digest], bucket.name, [key], strict=strict))[0]
+
+    async def _reindex(self, digest: bytes, meta: ChunkMeta, bit: TierId, now: float) -> ChunkInfo:
+        """Make the index agree with a copy found in tier ``bit``: keep an entry of the same incarnation
+        (adding the tier bit if missing), replace one of another."""
+        entry = self._index.get(digest)
+        if entry is not None and (entry.size, entry.checksum, entry.created) == (meta.size, meta.checksum,
+                                                                                 meta.created):
+            if not entry.tiers & bit:
+                updated = await self._index.update_tiers(digest, add=bit)
+                if updated is not None:
+                    entry = updated
+                    self._events.stored(meta.bucket, digest, bit, meta.size, meta.expires, None, now,
+                                        reason="learned", info=ChunkInfo.from_entry(entry))
+            return ChunkInfo.from_entry(entry)
+        return await self._index_found(digest, meta, bit, now)
+
+    async def _reclaim_expired(self, digest: bytes, meta: ChunkMeta) -> None:
+        """Delete an expired chunk's copies (absent to readers already) so a new write can take the key."""
+        info = ChunkInfo(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires)
+        for bit in (TierId.S3, TierId.FS):
+            tier = self._tiers.get(bit)
+            if tier is not None and await tier.delete(digest):
+                self._events.removed(meta.bucket, digest, bit, reason="expired", info=info)
+        await self._index.delete(digest)
+
     async def exists(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[bool]:
         digests = self._digests(bucket, keys)
-        alive = self.index.alive_many(digests, self.clock())
+        alive = self._index.alive_many(digests, self._clock())
         if all(alive):  # the common case: nothing to look up in the tiers
             return alive
         misses = [i for i, hit in enumerate(alive) if not hit]
@@ -279,10 +264,10 @@ class ChunkService:
         """How many leading keys are all present (stops at the first absent one)."""
         digests = self._digests(bucket, keys)
         # learning the chain can wait until the answer is on its way
-        asyncio.get_running_loop().call_soon(self.events.chained, bucket.name, digests)
+        asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
         start = 0
         while start < len(keys):
-            start += self.index.alive_prefix(digests[start:] if start else digests, self.clock())
+            start += self._index.alive_prefix(digests[start:] if start else digests, self._clock())
             if start == len(keys):
                 break
             found = await self._fall_through_many([digests[start]], bucket.name, [keys[start]], strict=False)
@@ -291,6 +276,45 @@ class ChunkService:
             start += 1
         return start
 
+    async def lease(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]]:
+        """Read-lease the chunks of ``keys``, which a lookup found just now (``gateway.leases``).
+
+        Returns the grant and the keys to answer as absent after all: chunks the lifecycle is removing
+        now, and chunks it removed a moment ago that no tier holds again. Never raises for the lease
+        table: without it the lookup answers without a lease (``LeaseGrant.refused`` says why)."""
+        if self._leases is None:
+            return LeaseGrant(refused="this gateway grants no leases"), set()
+        digests = self._digests(bucket, keys)
+        sizes = [(d, 0 if e is None else e.size) for d, e in zip(digests, self._index.get_many(digests), strict=True)]
+        grant = await self._leases.grant(bucket.name, sizes, lease_ms, max_lease_ms=bucket.max_lease_ms,
+                                         cap_bytes=bucket.leased_bytes_cap())
+        by_digest = dict(zip(digests, keys, strict=True))
+        absent = {by_digest[d] for d in grant.gone}
+        if grant.recheck:
+            rechecked = sorted(grant.recheck)
+            present = await self._held_by_a_tier(bucket.name, rechecked, [by_digest[d] for d in rechecked])
+            absent |= {by_digest[d] for d, held in zip(rechecked, present, strict=True) if not held}
+        return grant, absent
+
+    async def _held_by_a_tier(self, bucket: str, digests: list[bytes], keys: list[str]) -> list[bool]:
+        """Whether some tier holds each chunk now (asked of the tiers, not the index: the lifecycle that
+        removed it may run on another gateway, whose news this index has not had yet)."""
+        held = [False] * len(digests)
+        now = self._clock()
+        for bit in _READ_PREFERENCE:
+            tier = self._tiers.get(bit)
+            todo = [i for i, h in enumerate(held) if not h]
+            if tier is None or not todo:
+                continue
+            try:
+                metas = await tier.stat_many([digests[i] for i in todo])
+            except backend.BackendError:
+                continue  # unknown: answered absent, which costs a recompute, never a failed load
+            for i, meta in zip(todo, metas, strict=True):
+                held[i] = (meta is not None and meta.bucket == bucket and meta.key == keys[i]
+                           and not 0 < meta.expires <= now)
+        return held
+
     async def _fall_through_many(
         self, digests: list[bytes], bucket: str, keys: Sequence[str], *, strict: bool
     ) -> list[ChunkInfo | None]:
@@ -298,12 +322,12 @@ class ChunkService:
 
         Digests that are indexed but expired stay absent without touching a tier.
         """
-        entries = self.index.get_many(digests)
+        entries = self._index.get_many(digests)
         todo = [i for i, entry in enumerate(entries) if entry is None]
         out: list[ChunkInfo | None] = [None] * len(digests)
-        for bit in TIER_ORDER:
-            tier = self.tiers.get(bit)
-            if not todo or tier is None or (bit == TIER_S3 and not self.settings.s3_lookup_on_miss):
+        for bit in _READ_PREFERENCE:
+            tier = self._tiers.get(bit)
+            if not todo or tier is None or (bit == TierId.S3 and not self._settings.s3_lookup_on_miss):
                 continue
             try:
                 metas = await tier.stat_many([digests[i] for i in todo])
@@ -313,7 +337,7 @@ class ChunkService:
                 continue
             except backend.BackendError as exc:
                 raise translate_backend_error(exc) from exc
-            now = self.clock()
+            now = self._clock()
             remaining = []
             for i, meta in zip(todo, metas, strict=True):
                 if meta is None or meta.bucket != bucket or meta.key != keys[i]:
@@ -321,29 +345,35 @@ class ChunkService:
                     continue
                 if 0 < meta.expires <= now:
                     continue
-                out[i] = await self._index_found(digests[i], meta, bit, now)
+                try:
+                    out[i] = await self._index_found(digests[i], meta, bit, now)
+                except backend.BackendError as exc:
+                    raise translate_backend_error(exc) from exc
             todo = remaining
         return out
 
-    async def _index_found(self, digest: bytes, meta: ChunkMeta, bit: int, now: float) -> ChunkInfo:
+    async def _index_found(self, digest: bytes, meta: ChunkMeta, bit: TierId, now: float) -> ChunkInfo:
+        """Index a copy found in a tier (written by another gateway, or before the index was lost)."""
         entry = IndexEntry(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires,
                            last_access=now, tiers=bit)
         parent = None if meta.parent is None else chunk_digest(meta.bucket, meta.parent)
-        await self.index.put(digest, entry, parent)
-        self.events.stored(meta.bucket, digest, bit, meta.size, meta.expires, parent, now)
-        return ChunkInfo.from_entry(entry)
+        await self._index.put(digest, entry, parent)
+        info = ChunkInfo.from_entry(entry)
+        self._events.stored(meta.bucket, digest, bit, meta.size, meta.expires, parent, now, reason="learned",
+                            info=info)
+        return info
 
     def touch(self, bucket: BucketPolicy, keys: Sequence[str]) -> int:
         """Record reads that bypassed the gateway (clients reading chunk files directly from a shared
         tier directory), so eviction still sees them. Returns how many keys were indexed and alive."""
-        now = self.clock()
+        now = self._clock()
         digests = self._digests(bucket, keys)
         touched = 0
-        for digest, entry in zip(digests, self.index.get_many(digests), strict=True):
+        for digest, entry in zip(digests, self._index.get_many(digests), strict=True):
             if entry is None or not entry.alive(now):
                 continue
-            self.index.touch(digest, now)
-            self.events.read(bucket.name, digest, TIER_FS if entry.tiers & TIER_FS else TIER_S3, now)
+            self._index.touch(digest, now)
+            self._events.read(bucket.name, digest, TierId.FS if entry.tiers & TierId.FS else TierId.S3, now)
             touched += 1
         return touched
 
@@ -356,28 +386,28 @@ class ChunkService:
         retry, never wrong bytes. None: no such chunk.
         """
         infos = await self.open_many(bucket, keys)
-        fs = self.tiers.get(TIER_FS)
+        fs = self._tiers.get(TierId.FS)
         locator = fs if isinstance(fs, FileLocator) else None
-        now = self.clock()
+        now = self._clock()
         located: list[ChunkLocation | None] = []
         for info in infos:
             if info is None:
                 located.append(None)
                 continue
             path = None
-            if locator is not None and info.tiers & TIER_FS:
+            if locator is not None and info.tiers & TierId.FS:
                 digest = chunk_digest(info.bucket, info.key)
                 path = locator.relative_path(digest)
-                self.index.touch(digest, now)
-                self.events.read(info.bucket, digest, TIER_FS, now)
+                self._index.touch(digest, now)
+                self._events.read(info.bucket, digest, TierId.FS, now)
             located.append(ChunkLocation(info, path))
         return located
 
     async def chunk_meta(self, info: ChunkInfo) -> ChunkMeta:
         """The chunk's full recorded metadata (attrs included), from a tier that holds it."""
         digest = chunk_digest(info.bucket, info.key)
-        for bit in TIER_ORDER:
-            tier = self.tiers.get(bit)
+        for bit in _READ_PREFERENCE:
+            tier = self._tiers.get(bit)
             if tier is None or not info.tiers & bit:
                 continue
             try:
@@ -396,7 +426,7 @@ class ChunkService:
         key: str,
         body: AsyncIterator[bytes],
         *,
-        length: int,
+        length: int | None,
         checksum: int | None = None,
         md5: bytes | None = None,
         ttl: int | None = None,
@@ -408,11 +438,14 @@ class ChunkService:
 
         ``attrs`` is read only after the body has been consumed, so a caller may add values computed
         from the body while it streams (the S3 API stores the checksums it verified that way).
+        ``length`` None: the body's end decides the size (a chunked upload), still within the bucket's
+        chunk size limit, which is then enforced as the bytes arrive.
         """
-        if length > bucket.max_chunk_bytes:
-            raise ChunkTooLarge(f"{length} bytes exceeds the bucket limit of {bucket.max_chunk_bytes}")
-        bit = TIER_S3 if bucket.write_tier == "s3" and self.s3 is not None else TIER_FS
-        tier = self.tiers[bit]
+        if length is not None:
+            check_chunk_size(bucket, length)
+        self._check_admission()
+        bit = TierId.S3 if bucket.write_tier == TierId.S3.label and self._s3 is not None else TierId.FS
+        tier = self._tiers[bit]
         digest = chunk_digest(bucket.name, key)
         hasher = xxhash.xxh3_64()
         md5_hasher = hashlib.md5() if md5 is not None else None
@@ -424,22 +457,25 @@ class ChunkService:
         try:
             async for piece in body:
                 received += len(piece)
-                if received > length:
+                if length is not None and received > length:
                     raise InvalidRequest("the body is longer than Content-Length")
+                if length is None and received > bucket.max_chunk_bytes:
+                    check_chunk_size(bucket, received)
                 hasher.update(piece)
                 if md5_hasher is not None:
                     md5_hasher.update(piece)
                 await staged.write(piece)
-            if received != length:
+            if length is not None and received != length:
                 raise IncompleteBody(f"received {received} of {length} bytes")
+            size = received
             value = hasher.intdigest()
             if checksum is not None and checksum != value:
                 raise BadDigest("the body does not match X-Kvgw-Checksum")
             if md5_hasher is not None and md5_hasher.digest() != md5:
                 raise BadDigest("the body does not match Content-MD5")
-            now = self.clock()
+            now = self._clock()
             ttl = ttl if ttl is not None else bucket.default_ttl_seconds
-            meta = ChunkMeta(bucket.name, key, length, value, now, now + ttl if ttl else 0.0, parent,
+            meta = ChunkMeta(bucket.name, key, size, value, now, now + ttl if ttl else 0.0, parent,
                              tuple(sorted((attrs or {}).items())))
             created = await staged.publish(meta)
         except backend.BackendError as exc:
@@ -449,49 +485,88 @@ class ChunkService:
             await staged.discard()
             raise
         if not created:
-            existing = await self.lookup(bucket, key, strict=False)
+            existing = await self._winner(tier, bit, digest, bucket.name, key)
             if existing is None:
                 # Another write won, and its chunk was already evicted or deleted: to the client this
                 # is the same as "stored, then evicted". Report what the winner held as far as we know.
-                existing = ChunkInfo(bucket.name, key, length, value, now, meta.expires, bit)
+                existing = ChunkInfo(bucket.name, key, size, value, now, meta.expires, bit)
             return PutResult(False, existing)
         parent_digest = None if parent is None else chunk_digest(bucket.name, parent)
-        entry = IndexEntry(bucket.name, key, length, value, now, meta.expires, last_access=now, tiers=bit)
-        replicate = bucket.write_through and bit == TIER_FS and self.s3 is not None
-        if replicate and self.index.pending_count() >= self.settings.write_through_max_pending:
+        entry = IndexEntry(bucket.name, key, size, value, now, meta.expires, last_access=now, tiers=bit)
+        replicate = bucket.write_through and bit == TierId.FS and self._s3 is not None
+        if replicate and self._index.pending_count() >= self._settings.write_through_max_pending:
             replicate = False
             self.write_through_skipped += 1
-        await self.index.put(digest, entry, parent_digest, replicate=replicate)
-        self.events.stored(bucket.name, digest, bit, length, meta.expires, parent_digest, now)
-        return PutResult(True, ChunkInfo.from_entry(entry))
+        try:
+            await self._index.put(digest, entry, parent_digest, replicate=replicate)
+        except backend.BackendError as exc:
+            raise translate_backend_error(exc) from exc
+        info = ChunkInfo.from_entry(entry)
+        self._events.stored(bucket.name, digest, bit, size, meta.expires, parent_digest, now, info=info)
+        return PutResult(True, info)
+
+    async def _winner(self, tier: Tier, bit: TierId, digest: bytes, bucket: str, key: str) -> ChunkInfo | None:
+        """The chunk that kept the key when our publish lost the create-if-absent race: the tier's own
+        record (the index may describe an older incarnation), indexed; None if it is gone already."""
+        try:
+            meta = await tier.stat(digest)
+        except backend.BackendError:
+            return None
+        now = self._clock()
+        if meta.bucket != bucket or meta.key != key or 0 < meta.expires <= now:
+            return None
+        try:
+            return await self._reindex(digest, meta, bit, now)
+        except backend.BackendError as exc:
+            raise translate_backend_error(exc) from exc
+
+    def _check_admission(self) -> None:
+        if self._admit_writes is not None and (why := self._admit_writes()) is not None:
+            raise ServiceUnavailable(why)
 
     async def delete(self, bucket: BucketPolicy, key: str) -> bool:
         """Remove a chunk from every tier, S3 first (if S3 is down nothing changes: 503), then the
         filesystem, then the index (a crash in between leaves a dangling entry, which the next read
-        drops; the reverse order would resurrect the chunk)."""
+        drops; the reverse order would resurrect the chunk).
+
+        Each copy is read (``stat``) before it is deleted, so the event that tells the cluster says
+        which incarnation went and how many bytes the tier got back, whatever this index knew."""
+        self._check_admission()
         digest = chunk_digest(bucket.name, key)
-        entry = self.index.get(digest)
-        removed = await self._delete_copies(digest, bucket.name, (TIER_S3, TIER_FS))
-        dropped = await self.index.delete(digest)
+        entry = self._index.get(digest)
+        removed = await self._delete_copies(digest, bucket.name, key, (TierId.S3, TierId.FS), entry)
+        try:
+            dropped = await self._index.delete(digest)
+        except backend.BackendError as exc:
+            raise translate_backend_error(exc) from exc
         return removed or dropped is not None or entry is not None
 
-    async def _delete_copies(self, digest: bytes, bucket: str, bits: Sequence[int]) -> bool:
+    async def _delete_copies(self, digest: bytes, bucket: str, key: str, bits: Sequence[TierId],
+                             entry: IndexEntry | None) -> bool:
         removed = False
         for bit in bits:
-            tier = self.tiers.get(bit)
+            tier = self._tiers.get(bit)
             if tier is None:
                 continue
             try:
-                removed = await tier.delete(digest) or removed
+                meta = (await tier.stat_many([digest]))[0]
+                gone = await tier.delete(digest)
             except backend.BackendError as exc:
                 raise translate_backend_error(exc) from exc
-            self.events.removed(bucket, digest, bit)
+            if not gone:
+                continue
+            removed = True
+            if meta is not None and (meta.bucket, meta.key) == (bucket, key):
+                info: ChunkInfo | None = ChunkInfo(bucket, key, meta.size, meta.checksum, meta.created,
+                                                   meta.expires, bit)
+            else:
+                info = None if entry is None else ChunkInfo.from_entry(entry)
+            self._events.removed(bucket, digest, bit, reason="deleted", info=info)
         return removed
 
     # -- reads ---------------------------------------------------------------------------------
 
-    async def open(self, bucket: BucketPolicy, key: str, byte_range: tuple[int | None, int | None] | None = None
-                   ) -> ChunkBody:
+    async def open(self, bucket: BucketPolicy, key: str, byte_range: ByteRange | None = None) -> ChunkBody:
         info = await self.lookup(bucket, key)
         if info is None:
             raise NoSuchChunk()
@@ -502,14 +577,15 @@ class ChunkService:
         """Resolve many keys for a batch read (one index transaction for the hits). ``read_ahead``:
         the gateway itself is about to read them all, so the filesystem tier may start now."""
         digests = self._digests(bucket, keys)
-        asyncio.get_running_loop().call_soon(self.events.chained, bucket.name, digests)
-        now = self.clock()
+        asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
+        now = self._clock()
         infos: list[ChunkInfo | None] = []
         misses: list[int] = []
-        for i, entry in enumerate(self.index.get_many(digests)):
+        for i, (digest, entry) in enumerate(zip(digests, self._index.get_many(digests), strict=True)):
             if entry is None:
                 misses.append(i)
-            infos.append(ChunkInfo.from_entry(entry) if entry is not None and entry.alive(now) else None)
+            infos.append(ChunkInfo.from_entry(entry) if entry is not None and self._readable(digest, entry, now)
+                         else None)
         if misses:
             found = await self._fall_through_many([digests[i] for i in misses], bucket.name,
                                                   [keys[i] for i in misses], strict=False)
@@ -521,17 +597,16 @@ class ChunkService:
 
     def _read_ahead(self, infos: list[ChunkInfo | None]) -> None:
         """Let the filesystem tier start reading a batch's chunks from disk while the first is served."""
-        fs = self.tiers.get(TIER_FS)
+        fs = self._tiers.get(TierId.FS)
         if not isinstance(fs, FileLocator):
             return
-        digests = [chunk_digest(i.bucket, i.key) for i in infos if i is not None and i.tiers & TIER_FS]
+        digests = [chunk_digest(i.bucket, i.key) for i in infos if i is not None and i.tiers & TierId.FS]
         if len(digests) > 1:
             task = asyncio.ensure_future(fs.will_read(digests))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def open_info(self, info: ChunkInfo, byte_range: tuple[int | None, int | None] | None = None
-                        ) -> ChunkBody:
+    async def open_info(self, info: ChunkInfo, byte_range: ByteRange | None = None) -> ChunkBody:
         """Verified bytes of a resolved chunk, from the best tier holding it.
 
         NoSuchChunk if every copy vanished or failed verification; ServiceUnavailable if the only
@@ -539,37 +614,69 @@ class ChunkService:
         """
         offset, length = resolve_range(byte_range, info.size)
         digest = chunk_digest(info.bucket, info.key)
-        now = self.clock()
-        self.index.touch(digest, now)
+        now = self._clock()
+        self._index.touch(digest, now)
+        indexed_tiers = info.tiers
         for attempt in range(2):
             try:
-                for bit in TIER_ORDER:
-                    if not info.tiers & bit or bit not in self.tiers:
+                for bit in _READ_PREFERENCE:
+                    if not info.tiers & bit or bit not in self._tiers:
                         continue
                     source = bit
-                    if bit == TIER_S3 and self.settings.promote_on_read and await self._promote(digest, info):
-                        source = TIER_FS
+                    if (bit == TierId.S3 and self._settings.promote_on_read
+                            and await self._promote(digest, info)):
+                        source = TierId.FS
                     body = await self._read_copy(source, digest, info, offset, length)
                     if body is not None:
-                        self.events.read(info.bucket, digest, source, now)
+                        self._events.read(info.bucket, digest, source, now)
+                        if self._leases is not None:
+                            self._leases.loaded((digest,))
                         return body
                     info = replace(info, tiers=info.tiers & ~bit)
+                if attempt == 0 and (fresh := await self._moved_elsewhere(digest, info, indexed_tiers)):
+                    info = fresh
+                    offset, length = resolve_range(byte_range, info.size)
+                    continue
                 raise NoSuchChunk()
             except _StaleEntry as stale:
                 if attempt:
                     raise NoSuchChunk() from None
                 info = stale.fresh
                 offset, length = resolve_range(byte_range, info.size)
+            except backend.BackendError as exc:  # from correcting the index or the tier, or a promotion
+                raise translate_backend_error(exc) from exc
         raise NoSuchChunk()
 
-    async def _read_copy(self, bit: int, digest: bytes, info: ChunkInfo, offset: int, length: int
+    async def _promote(self, digest: bytes, info: ChunkInfo) -> bool:
+        """Promote on read (``TierMover.promote``), its S3 calls under the request path's budget: a hung or
+        dead S3 fails the promotion within ``request_timeout``, never after the tier's background
+        deadlines. If it failed because S3 did not answer, ServiceUnavailable at once (a direct read
+        would only wait again); if it failed for another reason (the filesystem tier full), False: the
+        reader reads from S3 directly."""
+        if self._s3_view is None:
+            return await self._mover.promote(digest, info)
+        with request_budget(self._s3_view.request_timeout) as budget:
+            promoted = await self._mover.promote(digest, info)
+        if not promoted and budget.unavailable:
+            raise ServiceUnavailable()
+        return promoted
+
+    async def _moved_elsewhere(self, digest: bytes, info: ChunkInfo, indexed_tiers: int) -> ChunkInfo | None:
+        """Every copy the index named was gone: another gateway may have demoted or promoted the
+        chunk meanwhile (the feed tells this index a moment later). Ask the tiers, as on a miss."""
+        if info.tiers & indexed_tiers == indexed_tiers:
+            return None  # nothing vanished (only unreachable tiers): not a stale entry
+        found = await self._fall_through_many([digest], info.bucket, [info.key], strict=False)
+        return found[0]
+
+    async def _read_copy(self, bit: TierId, digest: bytes, info: ChunkInfo, offset: int, length: int
                          ) -> ChunkBody | None:
         """The verified range from one tier's copy, or None if that copy is gone or damaged (the index
         and the tier are corrected first)."""
-        tier = self.tiers[bit]
-        verify = self.settings.verify_reads
+        tier = self._tiers[bit]
+        verify = self._settings.verify_reads
         whole = info.size if verify else length
-        release = self._budget.try_take(whole) if whole <= self.settings.whole_read_max_bytes else None
+        release = self._budget.try_take(whole) if whole <= self._settings.whole_read_max_bytes else None
         try:
             if release is not None:
                 start = 0 if verify else offset
@@ -581,23 +688,19 @@ class ChunkService:
                 return ChunkBody(info, offset, length, data=data, release=release, tier=bit)
             if verify:
                 await self._verify_streaming(tier, digest, info)
-            pieces = tier.stream(digest, offset, length, self.settings.read_window_bytes)
+            window = self._settings.read_window_bytes
+            pieces = budgeted(tier.stream(digest, offset, length, window), self._budget, min(length, 2 * window))
             return ChunkBody(info, offset, length, pieces=pieces, tier=bit)
         except backend.ChunkCorrupt:
             if release is not None:
                 release()
             await self._check_stale(tier, bit, digest, info)
-            log.warning("chunk %s/%s failed verification in %s: quarantined", info.bucket, info.key,
-                        TIER_NAMES[bit])
-            try:
-                await tier.quarantine(digest)
-            finally:
-                await self._forget_copy(digest, info, bit)
+            await self._quarantine(tier, bit, digest, info)
             return None
         except backend.ChunkNotFound:
             if release is not None:
                 release()
-            await self._forget_copy(digest, info, bit)  # deleted behind our back
+            await self._forget_copy(digest, info, bit, "vanished")  # deleted behind our back
             return None
         except backend.BackendError as exc:
             if release is not None:
@@ -608,9 +711,17 @@ class ChunkService:
                 release()
             raise
 
-    async def _forget_copy(self, digest: bytes, info: ChunkInfo, bit: int) -> None:
-        await self.index.update_tiers(digest, remove=bit)
-        self.events.removed(info.bucket, digest, bit)
+    async def _quarantine(self, tier: Tier, bit: TierId, digest: bytes, info: ChunkInfo) -> None:
+        log.warning("chunk %s/%s failed verification in %s: quarantined", info.bucket, info.key, bit.label)
+        moved = False
+        try:
+            moved = await tier.quarantine(digest)
+        finally:
+            await self._forget_copy(digest, info, bit, "quarantined" if moved else "vanished")
+
+    async def _forget_copy(self, digest: bytes, info: ChunkInfo, bit: TierId, reason: RemovedReason) -> None:
+        await self._index.update_tiers(digest, remove=bit)
+        self._events.removed(info.bucket, digest, bit, reason=reason, info=info)
 
     @staticmethod
     async def _matches(data: bytes | memoryview, info: ChunkInfo) -> bool:
@@ -623,7 +734,8 @@ class ChunkService:
     async def _verify_streaming(self, tier: Tier, digest: bytes, info: ChunkInfo) -> None:
         hasher = xxhash.xxh3_64()
         size = 0
-        pieces = tier.stream(digest, 0, info.size, self.settings.read_window_bytes)
+        window = self._settings.read_window_bytes
+        pieces = budgeted(tier.stream(digest, 0, info.size, window), self._budget, min(info.size, 2 * window))
         try:
             async for piece in pieces:
                 if len(piece) > _HASH_ON_LOOP_BYTES:
@@ -636,7 +748,7 @@ class ChunkService:
         if size != info.size or hasher.intdigest() != info.checksum:
             raise backend.ChunkCorrupt("checksum mismatch")
 
-    async def _check_stale(self, tier: Tier, bit: int, digest: bytes, info: ChunkInfo) -> None:
+    async def _check_stale(self, tier: Tier, bit: TierId, digest: bytes, info: ChunkInfo) -> None:
         """A mismatch may be the index's fault (an entry from before the chunk was re-written, here
         or by another gateway): the tier's own record decides. Raises _StaleEntry if so."""
         try:
@@ -645,167 +757,93 @@ class ChunkService:
             return
         if (meta.size, meta.checksum) == (info.size, info.checksum):
             return
-        await self.index.delete(digest)
-        fresh = await self._index_found(digest, meta, bit, self.clock())
+        await self._index.delete(digest)
+        fresh = await self._index_found(digest, meta, bit, self._clock())
         raise _StaleEntry(fresh)
 
-    # -- moving chunks between tiers (lifecycle, promotion, prefetch) -------------------------
-
-    async def copy_chunk(self, digest: bytes, info: ChunkInfo, src: int, dst: int, *, retried: bool = False
-                         ) -> None:
-        """Copy one chunk between tiers, verifying size and checksum on the way; the target keeps the
-        source's full record (parent, attrs). An existing target copy is kept if it is the same chunk
-        and replaced if it is a stale leftover (an earlier copy of a since re-written key)."""
-        source, target = self.tiers[src], self.tiers[dst]
-        meta_task = asyncio.ensure_future(source.stat(digest))
-        staged = await target.stage(digest)
-        try:
-            hasher = xxhash.xxh3_64()
-            size = 0
-            pieces = source.stream(digest, 0, info.size, self.settings.read_window_bytes)
-            try:
-                async for piece in pieces:
-                    hasher.update(piece)
-                    size += len(piece)
-                    await staged.write(piece)
-            finally:
-                await pieces.aclose()  # type: ignore[attr-defined]
-            meta = await meta_task
-            if size != info.size or hasher.intdigest() != info.checksum:
-                raise backend.ChunkCorrupt(f"copy from {TIER_NAMES[src]} does not match the index")
-            created = await staged.publish(meta)
-        except BaseException:
-            meta_task.cancel()
-            await staged.discard()
-            raise
-        self.moved_bytes[f"{TIER_NAMES[src]}->{TIER_NAMES[dst]}"] += size
-        if created:
-            return
-        existing = await target.stat(digest)
-        if (existing.size, existing.checksum) != (info.size, info.checksum):
-            if retried:
-                raise backend.BackendError("a different chunk keeps appearing at the copy target")
-            await target.delete(digest)
-            await self.copy_chunk(digest, info, src, dst, retried=True)
-
-    async def _promote(self, digest: bytes, info: ChunkInfo) -> bool:
-        """Copy an S3-only chunk into the filesystem tier, once for all concurrent readers.
-
-        False if that is not possible now (filesystem full, S3 copy damaged or unreachable): the
-        caller then reads from S3 directly and reports what it finds.
-        """
-        future = self._promotions.get(digest)
-        if future is None:
-            future = asyncio.ensure_future(self._do_promote(digest, info))
-            self._promotions[digest] = future
-            future.add_done_callback(lambda _: self._promotions.pop(digest, None))
-        return await asyncio.shield(future)
-
-    async def _do_promote(self, digest: bytes, info: ChunkInfo) -> bool:
-        try:
-            await self.copy_chunk(digest, info, TIER_S3, TIER_FS)
-        except backend.BackendError as exc:
-            log.info("promotion of %s/%s skipped: %s", info.bucket, info.key, type(exc).__name__)
-            return False
-        entry = await self.index.update_tiers(digest, add=TIER_FS)
-        if entry is None:  # deleted meanwhile: drop the copy we made
-            await self.fs.delete(digest)
-            return False
-        parent = self.index.parent_of(digest)
-        self.events.stored(info.bucket, digest, TIER_FS, info.size, info.expires, parent, self.clock())
-        self.promotions += 1
-        return True
+    # -- prefetch and listing ------------------------------------------------------------------
 
     async def prefetch(self, bucket: BucketPolicy, keys: Sequence[str]) -> PrefetchResult:
         """Start promoting the S3-only chunks among ``keys``; returns at once with what was accepted."""
         infos = await self.open_many(bucket, keys)
-        accepted = local = missing = 0
-        for info in infos:
-            if info is None:
-                missing += 1
-            elif info.tiers & TIER_FS or self.s3 is None:
-                local += 1
-            else:
-                accepted += 1
-                task = asyncio.ensure_future(self._prefetch_one(info))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-        return PrefetchResult(accepted, local, missing)
+        return self._mover.prefetch(infos)
 
-    async def _prefetch_one(self, info: ChunkInfo) -> bool:
-        async with self._prefetch_slots:
-            return await self._promote(chunk_digest(info.bucket, info.key), info)
-
-    async def demote(self, digest: bytes, entry: IndexEntry) -> None:
-        """Move a chunk from the filesystem tier to S3: copy, verify, switch the index, delete."""
-        info = ChunkInfo.from_entry(entry)
-        if not entry.tiers & TIER_S3:
-            await self.copy_chunk(digest, info, TIER_FS, TIER_S3)
-        updated = await self.index.update_tiers(digest, add=TIER_S3, remove=TIER_FS, done_pending=True)
-        if updated is not None and not entry.tiers & TIER_S3:
-            self.events.stored(entry.bucket, digest, TIER_S3, entry.size, entry.expires,
-                               self.index.parent_of(digest), self.clock())
-        await self.fs.delete(digest)
-        self.events.removed(entry.bucket, digest, TIER_FS)
-
-    async def replicate(self, digest: bytes) -> bool:
-        """Write-through: copy a queued chunk to S3 and record it. False if there was nothing to do."""
-        assert self.s3 is not None
-        entry = self.index.get(digest)
-        if entry is None or not entry.tiers & TIER_FS or entry.tiers & TIER_S3:
-            await self.index.update_tiers(digest, done_pending=True)
-            return False
-        try:
-            await self.copy_chunk(digest, ChunkInfo.from_entry(entry), TIER_FS, TIER_S3)
-        except backend.ChunkNotFound:
-            await self.index.update_tiers(digest, done_pending=True)
-            return False
-        await self.index.update_tiers(digest, add=TIER_S3, done_pending=True)
-        self.events.stored(entry.bucket, digest, TIER_S3, entry.size, entry.expires,
-                           self.index.parent_of(digest), self.clock())
-        return True
-
-    async def drop_copy(self, digest: bytes, entry: IndexEntry, bit: int) -> None:
-        """Evict one tier's copy. The last copy goes bytes first, then index; a copy that has a twin
-        elsewhere goes index first, so the index never points at bytes that are gone."""
-        tier = self.tiers[bit]
-        if entry.tiers & ~bit:
-            await self.index.update_tiers(digest, remove=bit)
-            await tier.delete(digest)
-        else:
-            await tier.delete(digest)
-            await self.index.delete(digest)
-        self.events.removed(entry.bucket, digest, bit)
-
-    async def expire(self, digest: bytes, entry: IndexEntry) -> None:
-        """Reclaim an expired chunk's bytes everywhere (it has been absent to readers since expiry)."""
-        bits = [bit for bit in (TIER_S3, TIER_FS) if entry.tiers & bit and bit in self.tiers]
-        for bit in bits:
-            await self.tiers[bit].delete(digest)
-            self.events.removed(entry.bucket, digest, bit)
-        await self.index.delete(digest)
+    async def list_page(self, bucket: BucketPolicy, *, prefix: str = "", delimiter: str | None = None,
+                        after: str | None = None, skip_prefix: str | None = None, max_keys: int = 1000
+                        ) -> ListPage:
+        """Up to ``max_keys`` live keys and common prefixes of ``bucket`` under ``prefix``, strictly after
+        ``after`` (and not under ``skip_prefix``), in UTF-8 byte order; ``truncated`` tells whether more
+        follow. See ``_scan_listing``."""
+        now = self._clock()
+        return await asyncio.to_thread(
+            _scan_listing, self._index, bucket.name, prefix=prefix, delimiter=delimiter, after=after,
+            skip_prefix=skip_prefix, max_keys=max_keys, now=now,
+        )
 
     async def close(self) -> None:
+        """Cancel the background work started for requests: read-ahead, and the mover's prefetches."""
         for task in list(self._background):
             task.cancel()
+        await self._mover.close()
 
 
-def resolve_range(byte_range: tuple[int | None, int | None] | None, size: int) -> tuple[int, int]:
-    """(first, last) as parsed from a Range header → (offset, length); InvalidRange if unsatisfiable.
+_LIST_BATCH = 1000
+_PAST_PREFIX = "\U0010ffff"  # sorts after every character a key can continue a prefix with
 
-    ``(a, None)`` is ``bytes=a-``; ``(None, n)`` is the suffix ``bytes=-n``.
+
+def _scan_listing(index: ChunkIndex, bucket: str, *, prefix: str, delimiter: str | None, after: str | None,
+                  skip_prefix: str | None, max_keys: int, now: float) -> ListPage:
+    """A listing page over the index's name table (``ChunkService.list_page``).
+
+    Synchronous: it reads LMDB batch by batch in short transactions, so it runs in a worker thread.
+    Keys come in UTF-8 byte order, which is S3's. With a delimiter, keys that share a common prefix
+    roll up into one entry; the scan then jumps past that prefix instead of reading every key under
+    it. Expired chunks are skipped (they are absent to readers).
     """
-    if byte_range is None:
-        return 0, size
-    first, last = byte_range
-    if first is None:
-        if last is None or last == 0:
-            raise InvalidRange(size)
-        n = min(last, size)
-        return size - n, n
-    if first >= size:
-        raise InvalidRange(size)
-    end = size - 1 if last is None else min(last, size - 1)
-    if end < first:
-        raise InvalidRange(size)
-    return first, end - first + 1
+    page = ListPage()
+    if max_keys <= 0:
+        return page
+    after_raw = after.encode() if after is not None else None
+    cursor = prefix if after is None or after < prefix else after
+    if skip_prefix is not None and cursor < skip_prefix + _PAST_PREFIX:
+        cursor = skip_prefix + _PAST_PREFIX
+    count = 0
+    while True:
+        entries = index.list_names(bucket, cursor, _LIST_BATCH)
+        jumped = False
+        for entry in entries:
+            key = entry.key
+            if after_raw is not None and key.encode() <= after_raw:
+                continue
+            if skip_prefix is not None and key.startswith(skip_prefix):
+                continue
+            if not key.startswith(prefix):
+                return page  # sorted: past the prefix
+            if not entry.alive(now):
+                continue
+            if delimiter:
+                at = key.find(delimiter, len(prefix))
+                if at >= 0:
+                    common = key[: at + len(delimiter)]
+                    if count == max_keys:
+                        page.truncated = True
+                        return page
+                    page.prefixes.append(common)
+                    page.last = ("p", common)
+                    count += 1
+                    skip_prefix = common
+                    cursor = common + _PAST_PREFIX
+                    jumped = True
+                    break
+            if count == max_keys:
+                page.truncated = True
+                return page
+            page.contents.append(ChunkInfo.from_entry(entry))
+            page.last = ("k", key)
+            count += 1
+        if jumped:
+            continue
+        if len(entries) < _LIST_BATCH:
+            return page
+        cursor = entries[-1].key + "\x00"
+

@@ -1,26 +1,28 @@
 """Shared fixtures: real gateway processes, real directories, real databases.
 
 ``KVGW_REQUIRE_SERVICES=1`` (set by CI) turns every "service absent, skipping" into a failure, so a
-green CI run proves the PostgreSQL, S3 and mount-dependent tests really ran.
+green CI run proves the PostgreSQL, S3 and mount-dependent tests really ran: skip for a missing service,
+package or data set only through ``require_or_skip`` / ``require_module`` (``tests/requirements.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
 
+from gateway.bench.launcher import KvgwProcess
+from tests.requirements import require_module, require_or_skip, services_required  # noqa: F401
+from tests.rgw.fixtures import rgw_cluster, rgw_endpoint, rgw_outage  # noqa: F401
 from tests.s3server import moto_server, s3_bucket, s3_endpoint  # noqa: F401
 
 ROOT_AK = "KVTESTROOTACCESSKEY0"
@@ -28,91 +30,46 @@ ROOT_SK = "test-root-secret-key-0123456789"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def require_or_skip(reason: str) -> None:
-    """Skip locally; fail when CI demands every service (KVGW_REQUIRE_SERVICES=1)."""
-    if os.environ.get("KVGW_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"required service missing: {reason}")
-    pytest.skip(reason)
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0, interval: float = 0.05) -> None:
+    """Poll until ``condition()`` is true: for effects a real server process makes in the background.
+
+    Never a fixed sleep then an assert: a loaded machine only makes this wait longer. The deadline is
+    generous; when it passes the test fails saying ``what`` did not happen.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:g} s: {what}")
+        time.sleep(interval)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+async def wait_for_async(
+    condition: Callable[[], object], what: str, timeout: float = 30.0, interval: float = 0.05
+) -> None:
+    """``wait_for`` inside an event loop: for background tasks of an in-process gateway that expose
+    no event to await (the condition is re-checked between loop turns)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(interval)
 
 
 @dataclass
-class ServerProcess:
-    """A real ``kvgw serve`` subprocess on a free port."""
+class ServerProcess(KvgwProcess):
+    """A real ``kvgw serve`` subprocess on a free port (``gateway.bench.launcher``, as the benches run
+    it), with the tests' root credentials and a fast catalog refresh."""
 
-    data_dir: Path
-    port: int = field(default_factory=free_port)
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __post_init__(self) -> None:
+        self.env = {"KVGW_ROOT_ACCESS_KEY": ROOT_AK, "KVGW_ROOT_SECRET_KEY": ROOT_SK,
+                    "KVGW_CATALOG_REFRESH_SECONDS": "0.5", **self.env}
 
     @property
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {ROOT_AK}:{ROOT_SK}"}
 
     def chunk_url(self, key: str, bucket: str = "kvcache") -> str:
-        from urllib.parse import quote
-
         return f"{self.url}/v1/buckets/{bucket}/chunks/{quote(key, safe='')}"
-
-    def start(self, timeout: float = 30.0) -> ServerProcess:
-        env = dict(os.environ)
-        env.update(
-            KVGW_ROOT_ACCESS_KEY=ROOT_AK,
-            KVGW_ROOT_SECRET_KEY=ROOT_SK,
-            KVGW_LOG_LEVEL="warning",
-            KVGW_CATALOG_REFRESH_SECONDS="0.5",
-        )
-        env.update(self.env)
-        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server-{self.port}.log"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
-                 "--data-dir", str(self.data_dir), *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvgw serve exited early:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return self
-            time.sleep(0.05)
-        raise RuntimeError(f"kvgw serve did not become healthy:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown hooks, no flushing; what a crash looks like."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def restart(self) -> ServerProcess:
-        self.stop()
-        return self.start()
 
 
 @pytest.fixture
@@ -179,3 +136,9 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         require_or_skip(f"cannot mount a tmpfs: {result.stderr.decode().strip()}")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def leases_granted(server: ServerProcess) -> int:
+    """Read leases a single-process gateway granted so far (``leases`` in its admin stats)."""
+    stats = httpx.get(f"{server.url}/v1/admin/stats", headers=server.auth, timeout=30).json()
+    return int(stats["leases"]["granted"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import lmdb
 
 from backends.index import IndexEntry
-from gateway.keys import chunk_digest
+from kvgw_client.keys import chunk_digest
 
 
 class IndexView:

@@ -33,6 +33,8 @@ import httpx
 import pytest
 
 from backends.s3_settings import S3TierSettings
+from gateway.bench.launcher import free_port
+from tests.requirements import require_or_skip
 
 ENDPOINT_ENV = "KVGW_TEST_S3_ENDPOINT"
 ACCESS_KEY_ENV = "KVGW_TEST_S3_ACCESS_KEY"
@@ -41,25 +43,11 @@ REGION_ENV = "KVGW_TEST_S3_REGION"
 MOTO_KEY = "testing"
 
 
-def _require_or_skip(reason: str) -> None:
-    """Like ``tests.conftest.require_or_skip`` (not imported: conftest imports this module)."""
-    if os.environ.get("KVGW_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"required service missing: {reason}")
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass
 class MotoServer:
     """``python -m moto.server`` on a fixed port; the port survives ``restart`` (state does not)."""
 
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -145,6 +133,9 @@ class S3Endpoint:
             "endpoint_url": self.url, "region": self.region, "bucket": bucket,
             "access_key": self.access_key, "secret_key": self.secret_key, "addressing_style": "path",
             "connect_timeout": 2.0, "read_timeout": 10.0, "operation_timeout": 20.0,
+            # roomy request-path budgets: a loaded test machine must not turn a slow answer into an outage
+            # (outage tests set their own)
+            "lookup_timeout": 2.0, "request_timeout": 5.0,
         }
         values.update(overrides)
         return S3TierSettings(**values)
@@ -189,7 +180,7 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
         yield S3Endpoint(url, access, secret, os.environ.get(REGION_ENV, "us-east-1"))
         return
     if not _moto_available():
-        _require_or_skip("moto[server] is not installed (pip install -e '.[test]')")
+        require_or_skip("moto[server] is not installed (pip install -e '.[test]')")
     server = MotoServer().start()
     try:
         yield S3Endpoint(server.url, MOTO_KEY, MOTO_KEY, server=server)
@@ -208,7 +199,7 @@ def s3_bucket(s3_endpoint: S3Endpoint) -> Iterator[str]:
 def moto_server() -> Iterator[S3Endpoint]:
     """A private moto process, free to stop and restart (bucket ``kvgw-private`` exists at start)."""
     if not _moto_available():
-        _require_or_skip("moto[server] is not installed (pip install -e '.[test]')")
+        require_or_skip("moto[server] is not installed (pip install -e '.[test]')")
     server = MotoServer().start()
     endpoint = S3Endpoint(server.url, MOTO_KEY, MOTO_KEY, server=server)
     endpoint.admin().create_bucket(Bucket="kvgw-private")

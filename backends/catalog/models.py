@@ -7,8 +7,21 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, func
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    SmallInteger,
+    String,
+    func,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from backends.tiers import TierId
 
 
 class Base(DeclarativeBase):
@@ -26,12 +39,15 @@ class Bucket(Base):
     anonymous_read: Mapped[bool] = mapped_column(Boolean, default=False)
     anonymous_write: Mapped[bool] = mapped_column(Boolean, default=False)
     # placement (revision 0002): capacity_bytes above is the filesystem tier's share for this bucket
-    write_tier: Mapped[str] = mapped_column(String(8), default="fs")
+    write_tier: Mapped[str] = mapped_column(String(8), default=TierId.FS.label)
     write_through: Mapped[bool] = mapped_column(Boolean, default=False)
     s3_capacity_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     high_watermark: Mapped[float] = mapped_column(Float, default=0.9)
     low_watermark: Mapped[float] = mapped_column(Float, default=0.8)
     eviction_policy: Mapped[str] = mapped_column(String(32), default="default")
+    # read leases (revision 0006): the longest lease a lookup may take, and the bytes leased at once
+    max_lease_ms: Mapped[int] = mapped_column(Integer, default=10_000)
+    max_leased_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Credential(Base):
@@ -56,3 +72,86 @@ class Grant(Base):
     )
     can_read: Mapped[bool] = mapped_column(Boolean, default=True)
     can_write: Mapped[bool] = mapped_column(Boolean, default=False)
+    # revision 0004: may delete chunks (DeleteObject(s), native DELETE); never implied by can_write
+    can_delete: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class CatalogMeta(Base):
+    """Facts about the catalog itself (revision 0003), e.g. the fingerprint of its secret key."""
+
+    __tablename__ = "catalog_meta"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(512))
+
+
+# -- cluster state (revision 0005; see migrations/versions/0005_cluster.py) --------------------------
+
+
+class ChunkEvent(Base):
+    __tablename__ = "chunk_events"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    at: Mapped[float] = mapped_column(Float)
+    member: Mapped[str] = mapped_column(String(64))
+    bucket: Mapped[str] = mapped_column(String(63))
+    digest: Mapped[bytes] = mapped_column(LargeBinary(16))
+    kind: Mapped[int] = mapped_column(SmallInteger)
+    tier: Mapped[int] = mapped_column(SmallInteger)
+    size: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires: Mapped[float] = mapped_column(Float, default=0.0)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    detail: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+
+class FeedHead(Base):
+    __tablename__ = "feed_head"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BigInteger)
+
+
+class TierUsage(Base):
+    __tablename__ = "tier_usage"
+
+    bucket: Mapped[str] = mapped_column(String(63), primary_key=True)
+    tier: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    chunks: Mapped[int] = mapped_column(BigInteger, default=0)
+    rebuilt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ClusterMember(Base):
+    __tablename__ = "cluster_members"
+
+    member: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    version: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(String(255), default="")
+    started_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+    feed_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ChunkLease(Base):
+    """A chunk's lease state (revision 0006, ``gateway.leases``): read-leased by a lookup, being
+    removed by the lifecycle, or removed lately. One row per chunk; rows outlive ``expires_at`` only
+    until the next trim."""
+
+    __tablename__ = "chunk_leases"
+
+    digest: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
+    bucket: Mapped[str] = mapped_column(String(63), index=True)
+    kind: Mapped[int] = mapped_column(SmallInteger)  # gateway.leases: READ, REMOVING, REMOVED
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class ClusterLease(Base):
+    __tablename__ = "cluster_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float] = mapped_column(Float)

@@ -7,10 +7,12 @@ SQLite (a file in the data dir) by default; PostgreSQL when several gateways sha
 
 from __future__ import annotations
 
+import contextlib
+import importlib.resources
 import secrets
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
@@ -19,14 +21,25 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
-from backends.catalog.models import Bucket, Credential, Grant
-from backends.catalog.secrets import SecretBox
-
-_MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+from backends.catalog.models import Bucket, CatalogMeta, Credential, Grant
+from backends.catalog.secrets import SecretBox, SecretBoxError
+from backends.tiers import TierId
 
 
 class CatalogConflict(Exception):
     """The object already exists (bucket name, access key)."""
+
+
+class CatalogKeyMismatch(Exception):
+    """The secret key given is not the one the catalog's secrets are encrypted with."""
+
+    def __init__(self, expected: str | None, given: str) -> None:
+        self.expected = expected  # the catalog's key fingerprint; None for a catalog that predates them
+        self.given = given
+        super().__init__(f"catalog key {given} is not the catalog's key {expected or '(unrecorded)'}")
+
+
+KEY_FINGERPRINT = "secret_key_fingerprint"
 
 
 class CatalogNotFound(Exception):
@@ -43,12 +56,21 @@ class BucketPolicy:
     capacity_bytes: int | None = None  # filesystem tier
     anonymous_read: bool = False
     anonymous_write: bool = False
-    write_tier: str = "fs"  # "fs" | "s3"
+    write_tier: str = TierId.FS.label  # a TierId label: where new chunks are written
     write_through: bool = False  # also copy every fs write to S3, asynchronously
     s3_capacity_bytes: int | None = None
     high_watermark: float = 0.9  # evict when usage passes this fraction of capacity...
     low_watermark: float = 0.8  # ...down to this fraction
     eviction_policy: str = "default"
+    max_lease_ms: int = 10_000  # the longest read lease a lookup may take (gateway.leases)
+    max_leased_bytes: int | None = None  # bytes leased at once; None: a tenth of the capacity, if any
+
+    def leased_bytes_cap(self) -> int | None:
+        """The bytes that may be leased at once in this bucket (None: no cap: nothing is evicted)."""
+        if self.max_leased_bytes is not None:
+            return self.max_leased_bytes
+        capacities = [c for c in (self.capacity_bytes, self.s3_capacity_bytes) if c is not None]
+        return max(capacities) // 10 if capacities else None
 
 
 _POLICY_FIELDS = tuple(f for f in BucketPolicy.__slots__ if f != "name")
@@ -61,6 +83,7 @@ class CredentialRecord:
     is_root: bool
     grants: dict[str, tuple[bool, bool]]  # bucket -> (can_read, can_write)
     disabled: bool = False
+    deletes: frozenset[str] = frozenset()  # buckets it may delete chunks from (a grant of its own)
 
 
 def _policy(row: Bucket) -> BucketPolicy:
@@ -90,19 +113,69 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def migrations_dir() -> str:
+    """The alembic script directory: the installed ``migrations`` package, wherever it was installed
+    (a wheel in site-packages as well as a checkout), never a path relative to this file."""
+    return str(importlib.resources.files("migrations"))
+
+
 def alembic_config(url: str) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(_MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", migrations_dir())
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
 
 
 class Catalog:
-    def __init__(self, url: str, box: SecretBox) -> None:
+    def __init__(self, url: str, box: SecretBox | None) -> None:
+        """``box`` None: a catalog that cannot read or write secrets until ``bind_key`` gives it one."""
         self.url = url
         self.engine = make_engine(url)
         self._box = box
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    # -- the secret key ------------------------------------------------------------------------
+
+    @property
+    def box(self) -> SecretBox:
+        if self._box is None:
+            raise RuntimeError("the catalog was opened without its secret key")
+        return self._box
+
+    def key_fingerprint(self) -> str | None:
+        """The fingerprint of the key the catalog's secrets are encrypted with, once one was bound."""
+        with self._session() as s:
+            row = s.get(CatalogMeta, KEY_FINGERPRINT)
+            return None if row is None else row.value
+
+    def holds_secrets(self) -> bool:
+        with self._session() as s:
+            return s.scalars(select(Credential.access_key).limit(1)).first() is not None
+
+    def bind_key(self, box: SecretBox) -> None:
+        """Use ``box`` for secrets if it is the catalog's key; record its fingerprint on first use.
+
+        CatalogKeyMismatch (and nothing is written) if the catalog records another key, or, for a
+        catalog from before fingerprints, if a stored secret does not decrypt with it. Safe to race:
+        of gateways binding different keys to a fresh catalog, one wins and the others are refused.
+        """
+        recorded = self.key_fingerprint()
+        if recorded is None:
+            with self._session() as s:
+                sample = s.scalars(select(Credential.secret_encrypted).limit(1)).first()
+            if sample is not None:
+                try:
+                    box.decrypt(sample)
+                except SecretBoxError:
+                    raise CatalogKeyMismatch(None, box.fingerprint) from None
+            with self._session() as s:
+                s.add(CatalogMeta(name=KEY_FINGERPRINT, value=box.fingerprint))
+                with contextlib.suppress(IntegrityError):  # bound by another gateway meanwhile: compare below
+                    s.commit()
+            recorded = self.key_fingerprint()
+        if recorded != box.fingerprint:
+            raise CatalogKeyMismatch(recorded, box.fingerprint)
+        self._box = box
 
     def upgrade(self) -> None:
         """Apply every pending Alembic migration (idempotent)."""
@@ -160,15 +233,20 @@ class Catalog:
         is_root: bool = False,
         description: str = "",
         grants: dict[str, tuple[bool, bool]] | None = None,
+        deletes: Iterable[str] = (),
     ) -> tuple[str, str]:
-        """Create a credential and its grants (bucket -> (read, write)) in one transaction."""
+        """Create a credential and its grants (bucket -> (read, write)) in one transaction; ``deletes``
+        names the buckets (among ``grants``) it may also delete chunks from."""
+        deletes = set(deletes)
+        if not deletes <= set(grants or {}):
+            raise ValueError("a delete grant needs a grant on the bucket: " + ", ".join(sorted(deletes)))
         access_key = access_key or generate_access_key()
         secret_key = secret_key or generate_secret_key()
         with self._session() as s:
             s.add(
                 Credential(
                     access_key=access_key,
-                    secret_encrypted=self._box.encrypt(secret_key),
+                    secret_encrypted=self.box.encrypt(secret_key),
                     is_root=is_root,
                     description=description,
                 )
@@ -178,7 +256,8 @@ class Catalog:
                 for bucket, (read, write) in (grants or {}).items():
                     if s.get(Bucket, bucket) is None:
                         raise CatalogNotFound(bucket)
-                    s.add(Grant(access_key=access_key, bucket=bucket, can_read=read, can_write=write))
+                    s.add(Grant(access_key=access_key, bucket=bucket, can_read=read, can_write=write,
+                                can_delete=bucket in deletes))
                 s.commit()
             except IntegrityError as exc:
                 raise CatalogConflict(f"access key {access_key} already exists") from exc
@@ -190,7 +269,7 @@ class Catalog:
             s.commit()
             return bool(result.rowcount)  # type: ignore[attr-defined]
 
-    def grant(self, access_key: str, bucket: str, *, read: bool, write: bool) -> None:
+    def grant(self, access_key: str, bucket: str, *, read: bool, write: bool, delete: bool = False) -> None:
         with self._session() as s:
             if s.get(Credential, access_key) is None:
                 raise CatalogNotFound(access_key)
@@ -198,27 +277,51 @@ class Catalog:
                 raise CatalogNotFound(bucket)
             row = s.get(Grant, (access_key, bucket))
             if row is None:
-                s.add(Grant(access_key=access_key, bucket=bucket, can_read=read, can_write=write))
+                s.add(Grant(access_key=access_key, bucket=bucket, can_read=read, can_write=write, can_delete=delete))
             else:
-                row.can_read, row.can_write = read, write
+                row.can_read, row.can_write, row.can_delete = read, write, delete
             s.commit()
 
     def credentials(self) -> list[CredentialRecord]:
         """Every credential with its decrypted secret and grants (the service keeps this in memory)."""
         with self._session() as s:
             grants: dict[str, dict[str, tuple[bool, bool]]] = {}
+            deletes: dict[str, set[str]] = {}
             for g in s.scalars(select(Grant)):
                 grants.setdefault(g.access_key, {})[g.bucket] = (g.can_read, g.can_write)
+                if g.can_delete:
+                    deletes.setdefault(g.access_key, set()).add(g.bucket)
             return [
                 CredentialRecord(
                     access_key=c.access_key,
-                    secret=self._box.decrypt(c.secret_encrypted),
+                    secret=self.box.decrypt(c.secret_encrypted),
                     is_root=c.is_root,
                     grants=grants.get(c.access_key, {}),
                     disabled=c.disabled,
+                    deletes=frozenset(deletes.get(c.access_key, ())),
                 )
                 for c in s.scalars(select(Credential))
             ]
+
+    def secret_of(self, access_key: str) -> str | None:
+        """The decrypted secret of one credential, None if there is no such credential."""
+        with self._session() as s:
+            row = s.get(Credential, access_key)
+            return None if row is None else self.box.decrypt(row.secret_encrypted)
+
+    def rotate_secret(self, access_key: str, secret_key: str | None = None) -> str:
+        """Give a credential a new secret (generated unless given); CatalogNotFound if it does not exist.
+
+        Gateways pick the new secret up at their next catalog refresh; the old one stops working then.
+        """
+        secret_key = secret_key or generate_secret_key()
+        with self._session() as s:
+            row = s.get(Credential, access_key)
+            if row is None:
+                raise CatalogNotFound(access_key)
+            row.secret_encrypted = self.box.encrypt(secret_key)
+            s.commit()
+        return secret_key
 
     def has_root(self) -> bool:
         with self._session() as s:

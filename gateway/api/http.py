@@ -18,7 +18,9 @@ from urllib.parse import unquote
 
 import orjson
 
+from gateway.chunks import MAX_TTL_SECONDS, ByteRange
 from gateway.errors import IncompleteBody, InvalidRequest, MissingContentLength
+from gateway.logs import current_request_id
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -53,6 +55,7 @@ class Request:
         self.query_string: str = scope.get("query_string", b"").decode("latin-1")
         self._headers: dict[str, str] | None = None
         self.request_id = new_request_id()
+        current_request_id.set(self.request_id)  # log records of this request carry it (gateway.logs)
         self.body_consumed = False
 
     @property
@@ -205,7 +208,7 @@ async def send_body(send: Send, headers: Headers, body: Body, *, range_of: int |
     await send({"type": "http.response.body", "body": b""})
 
 
-def parse_range(raw: str | None) -> tuple[int | None, int | None] | None:
+def parse_range(raw: str | None) -> ByteRange | None:
     """One ``bytes=`` range as (first, last), either may be None (suffix / open end); None to serve
     the whole body, also for forms we do not serve (RFC 9110 lets a server ignore such a Range)."""
     if raw is None:
@@ -224,3 +227,12 @@ def parse_range(raw: str | None) -> tuple[int | None, int | None] | None:
     if start is not None and end is not None and end < start:
         return None
     return start, end
+
+
+def parse_ttl(raw: str | None) -> int | None:
+    """A TTL header (``X-Kvgw-TTL``): whole seconds, 1 to ``MAX_TTL_SECONDS``; None when absent."""
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_TTL_SECONDS:
+        raise InvalidRequest(f"TTL must be a whole number of seconds between 1 and {MAX_TTL_SECONDS}")
+    return int(raw)

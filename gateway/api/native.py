@@ -3,17 +3,24 @@
     PUT    /v1/buckets/{bucket}/chunks/{key}    201 stored | 200 + X-Kvgw-Existed (write-once)
     GET    /v1/buckets/{bucket}/chunks/{key}    bytes; one Range (206 / 416)
     HEAD   /v1/buckets/{bucket}/chunks/{key}
-    DELETE /v1/buckets/{bucket}/chunks/{key}    root only
+    DELETE /v1/buckets/{bucket}/chunks/{key}    root, or a credential with a delete grant on the bucket
     POST   /v1/buckets/{bucket}/exists          {"keys": [...]} -> {"exists": [bool, ...]}
     POST   /v1/buckets/{bucket}/prefix          {"keys": [...]} -> {"length": n}
-    POST   /v1/buckets/{bucket}/batch-get       {"keys": [...]} -> framed stream (gateway.wire)
+    POST   /v1/buckets/{bucket}/batch-get       {"keys": [...]} -> framed stream (kvgw_client.wire)
     POST   /v1/buckets/{bucket}/prefetch        {"keys": [...]} -> {"accepted", "local", "missing"}
     POST   /v1/buckets/{bucket}/touch           {"keys": [...]} -> {"touched": n} (reads done elsewhere)
     POST   /v1/buckets/{bucket}/locate          {"keys": [...]} -> {"chunks": [location | null, ...]}
+    POST   /v1/buckets/{bucket}/list            {"prefix", "after", "limit"} -> {"keys": [...], "truncated"}
+
+``exists``, ``prefix`` and ``locate`` take ``"lease_ms": n`` beside ``keys``: the chunks found are
+read-leased for up to n ms (capped by the bucket's ``max_lease_ms``), so the lifecycle leaves them until
+they are loaded (``gateway.leases``). The answer then carries ``"lease": {"granted_ms", "chunks",
+"bytes"}``, plus ``"refused": why`` when no lease was taken (the bucket's leased-bytes cap, leases off,
+the lease table unreachable): the lookup's answer stands either way.
 
 Keys are the percent-encoded rest of the path after ``chunks/`` (they may contain ``/``). Errors are
-``{"error": {"code", "message", "request_id"}}`` with the status from ``STATUS``; nothing else in
-this module chooses a status for an error. A 500 never carries a traceback.
+``{"error": {"code", "message", "request_id"}}`` with the status from ``STATUS`` (keyed by error
+class); nothing else in this module chooses a status for an error. A 500 never carries a traceback.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway import wire
-from gateway.access import Action, Directory, Principal
+from backends.tiers import TierId
+from gateway import errors
+from gateway.access import Action, Directory
 from gateway.api.http import (
     Headers,
     Receive,
@@ -37,70 +45,88 @@ from gateway.api.http import (
     http_date,
     json_body,
     parse_range,
+    parse_ttl,
     path_segment,
     send_body,
     send_response,
 )
+from gateway.buckets import check_chunk_size
+from gateway.chunks import ChunkBody, ChunkInfo, ChunkLocation
 from gateway.errors import (
-    ChunkTooLarge,
     InternalError,
     InvalidKey,
     InvalidRange,
     InvalidRequest,
     KvgwError,
+    MethodNotAllowed,
     NoSuchChunk,
+    NotFound,
     PreconditionFailed,
-    Unauthorized,
 )
-from gateway.keys import InvalidKeyError, is_valid_bucket_name, validate_key
-from gateway.service import TIER_NAMES, ChunkBody, ChunkInfo, ChunkLocation, ChunkService, parse_ttl
+from gateway.leases import MAX_LEASE_MS
+from gateway.service import ChunkService
+from kvgw_client import wire
+from kvgw_client.keys import InvalidKeyError, is_valid_bucket_name, validate_key
 
 log = logging.getLogger("kvgw.api")
 
-E = wire.ErrorCode
-STATUS: dict[str, int] = {
-    E.NO_SUCH_BUCKET: 404,
-    E.NO_SUCH_CHUNK: 404,
-    E.NOT_FOUND: 404,
-    E.INVALID_KEY: 400,
-    E.INVALID_REQUEST: 400,
-    E.INCOMPLETE_BODY: 400,
-    E.BAD_DIGEST: 400,
-    E.INVALID_RANGE: 416,
-    E.MISSING_CONTENT_LENGTH: 411,
-    E.CHUNK_TOO_LARGE: 413,
-    E.PRECONDITION_FAILED: 412,
-    E.UNAUTHORIZED: 401,
-    E.ACCESS_DENIED: 403,
-    E.METHOD_NOT_ALLOWED: 405,
-    E.INSUFFICIENT_STORAGE: 507,
-    E.SERVICE_UNAVAILABLE: 503,
-    E.INTERNAL_ERROR: 500,
+# The one table from domain error to status (``tests/unit/test_error_tables.py`` checks it is complete).
+STATUS: dict[type[KvgwError], int] = {
+    errors.KvgwError: 500,
+    errors.NoSuchBucket: 404,
+    errors.NoSuchChunk: 404,
+    errors.NotFound: 404,
+    errors.InvalidKey: 400,
+    errors.InvalidRequest: 400,
+    errors.IncompleteBody: 400,
+    errors.BadDigest: 400,
+    errors.InvalidRange: 416,
+    errors.MissingContentLength: 411,
+    errors.ChunkTooLarge: 413,
+    errors.PreconditionFailed: 412,
+    errors.Unauthorized: 401,
+    errors.AccessDenied: 403,
+    errors.MethodNotAllowed: 405,
+    errors.InsufficientStorage: 507,
+    errors.ServiceUnavailable: 503,
+    errors.InternalError: 500,
+    # raised by the S3 API's uploads and bucket calls only; statuses as S3 answers them
+    errors.NoSuchUpload: 404,
+    errors.InvalidPart: 400,
+    errors.EntityTooSmall: 400,
+    errors.InvalidBucketName: 400,
+    errors.BucketAlreadyOwned: 409,
+    errors.BucketNotEmpty: 409,
 }
+
+
+def status_for(exc: KvgwError) -> int:
+    """The status of ``exc``: its class's, else its nearest listed base's."""
+    return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+
 
 MAX_JSON_BYTES = 8 << 20
 MAX_KEYS_PER_CALL = 100_000
+MAX_LIST_KEYS = 1000
 ERROR_DRAIN_LIMIT = 8 << 20
 BUCKETS_PREFIX = "/v1/buckets/"
-
-
-class MethodNotAllowed(KvgwError):
-    code = E.METHOD_NOT_ALLOWED
-    default_message = "method not allowed on this resource"
-
-
-class NotFound(KvgwError):
-    code = E.NOT_FOUND
-    default_message = "no such API endpoint"
 
 
 Handler = Callable[[Request, Send, str, str], Awaitable[None]]
 
 
+LookupCounter = Callable[[str, int, int], None]
+
+
 class NativeAPI:
-    def __init__(self, service: ChunkService, directory: Directory) -> None:
+    def __init__(self, service: ChunkService, directory: Directory, *, body_idle_timeout: float = 60.0,
+                 lookups: LookupCounter = lambda op, hits, misses: None) -> None:
+        """``body_idle_timeout``: seconds a PUT body may stall before the upload is dropped;
+        ``lookups(op, hits, misses)`` is told the outcome of every HEAD, exists and prefix (metrics)."""
         self.service = service
         self.directory = directory
+        self.body_idle_timeout = body_idle_timeout
+        self._lookups = lookups
         self._chunk_handlers: dict[str, Handler] = {
             "GET": self._get,
             "HEAD": self._head,
@@ -114,6 +140,7 @@ class NativeAPI:
             "prefetch": self._prefetch,
             "touch": self._touch,
             "locate": self._locate,
+            "list": self._list,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -154,17 +181,8 @@ class NativeAPI:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _principal(self, req: Request) -> Principal:
-        auth = req.header("authorization")
-        if auth is None:
-            return self.directory.anonymous
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer":
-            raise Unauthorized("use Authorization: Bearer <access_key>:<secret_key>")
-        return self.directory.authenticate_bearer(token.strip())
-
     async def _authorized_bucket(self, req: Request, name: str, action: Action) -> Any:
-        principal = self._principal(req)
+        principal = await self.directory.authenticate(req.header("authorization"))
         if not is_valid_bucket_name(name):
             raise InvalidRequest(f"invalid bucket name {name!r}")
         bucket = await self.service.bucket(name)
@@ -174,7 +192,7 @@ class NativeAPI:
     def _base_headers(self, req: Request) -> Headers:
         return [(b"x-kvgw-request-id", req.request_id.encode())]
 
-    def _chunk_headers(self, req: Request, info: ChunkInfo, tier: str | None = None) -> Headers:
+    def _chunk_headers(self, req: Request, info: ChunkInfo, tier: TierId | None = None) -> Headers:
         headers = self._base_headers(req)
         headers += [
             (b"content-type", wire.CHUNK_CONTENT_TYPE.encode()),
@@ -182,7 +200,7 @@ class NativeAPI:
             (wire.H_CHECKSUM.encode(), info.checksum_hex.encode()),
             (b"last-modified", http_date(info.created).encode()),
             (b"accept-ranges", b"bytes"),
-            (wire.H_TIER.encode(), (tier or info.tier).encode()),
+            (wire.H_TIER.encode(), (tier or info.tier).label.encode()),
         ]
         return headers
 
@@ -190,7 +208,7 @@ class NativeAPI:
         if state.started:
             log.warning("request %s failed after its response started: %s", req.request_id, exc.code)
             return
-        status = STATUS.get(exc.code, 500)
+        status = status_for(exc)
         headers = self._base_headers(req)
         headers.append((b"content-type", b"application/json"))
         if status == 401:
@@ -209,13 +227,20 @@ class NativeAPI:
             await send_response(state.send, status, headers, body)
 
     async def _keys(self, req: Request) -> list[str]:
+        return (await self._lookup_body(req, leasable=False))[0]
+
+    async def _lookup_body(self, req: Request, *, leasable: bool = True) -> tuple[list[str], int]:
+        """``{"keys": [...]}``, and for lookups an optional ``"lease_ms"`` (0 when absent)."""
         doc = await req.read_json(MAX_JSON_BYTES)
         keys = doc.get("keys") if isinstance(doc, dict) else None
         if not isinstance(keys, list) or not set(map(type, keys)) <= {str}:
             raise InvalidRequest('body must be {"keys": [string, ...]}')
         if len(keys) > MAX_KEYS_PER_CALL:
             raise InvalidRequest(f"at most {MAX_KEYS_PER_CALL} keys per call")
-        return keys  # the service validates them while it digests them
+        lease_ms = doc.get("lease_ms", 0) if leasable else 0
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or not 0 <= lease_ms <= MAX_LEASE_MS:
+            raise InvalidRequest(f'"lease_ms" must be an integer from 0 to {MAX_LEASE_MS}')
+        return keys, lease_ms  # the service validates the keys while it digests them
 
     # -- chunk handlers ------------------------------------------------------------------------
 
@@ -226,9 +251,8 @@ class NativeAPI:
         md5 = _parse_md5(req.header("content-md5"))
         ttl = parse_ttl(req.header(wire.H_TTL))
         parent = _parse_parent(req.header(wire.H_PARENT))
-        if length > bucket.max_chunk_bytes:
-            raise ChunkTooLarge(f"{length} bytes exceeds the bucket limit of {bucket.max_chunk_bytes}")
-        existing = await self.service.lookup(bucket, key)
+        check_chunk_size(bucket, length)
+        existing = await self.service.lookup_for_write(bucket, key)
         if existing is not None:
             if (req.header("if-none-match") or "").strip() == "*":
                 await req.drain(bucket.max_chunk_bytes)
@@ -236,7 +260,7 @@ class NativeAPI:
             await self._send_existed(req, send, existing, drain_limit=bucket.max_chunk_bytes)
             return
         result = await self.service.put(
-            bucket, key, req.body(self.service.settings.body_idle_timeout),
+            bucket, key, req.body(self.body_idle_timeout),
             length=length, checksum=checksum, md5=md5, ttl=ttl, parent=parent,
         )
         if not result.created:
@@ -257,7 +281,12 @@ class NativeAPI:
 
     async def _head(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
-        info = await self.service.head(bucket, key)
+        try:
+            info = await self.service.head(bucket, key)
+        except NoSuchChunk:
+            self._lookups("head", 0, 1)
+            raise
+        self._lookups("head", 1, 0)
         headers = self._chunk_headers(req, info)
         headers.append((b"content-length", str(info.size).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -268,13 +297,13 @@ class NativeAPI:
         byte_range = parse_range(req.header("range"))
         body = await self.service.open(bucket, key, byte_range)
         try:
-            headers = self._chunk_headers(req, body.info, TIER_NAMES[body.tier])
+            headers = self._chunk_headers(req, body.info, body.tier)
             await send_body(send, headers, body, range_of=None if byte_range is None else body.info.size)
         finally:
             await body.close()
 
     async def _delete(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
-        bucket = await self._authorized_bucket(req, bucket_name, Action.ADMIN)
+        bucket = await self._authorized_bucket(req, bucket_name, Action.DELETE)
         if not await self.service.delete(bucket, key):
             raise NoSuchChunk()
         await send_response(send, 204, self._base_headers(req))
@@ -283,15 +312,29 @@ class NativeAPI:
 
     async def _exists(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
-        keys = await self._keys(req)
+        keys, lease_ms = await self._lookup_body(req)
         found = await self.service.exists(bucket, keys)
-        await self._send_json(req, send, {"exists": found})
+        answer: dict[str, Any] = {}
+        if lease_ms:
+            grant, absent = await self.service.lease(bucket, [k for k, hit in zip(keys, found, strict=True) if hit],
+                                                     lease_ms)
+            found = [hit and key not in absent for key, hit in zip(keys, found, strict=True)]
+            answer["lease"] = grant.doc()
+        hits = sum(found)
+        self._lookups("exists", hits, len(found) - hits)
+        await self._send_json(req, send, {"exists": found, **answer})
 
     async def _prefix(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
-        keys = await self._keys(req)
+        keys, lease_ms = await self._lookup_body(req)
         length = await self.service.prefix(bucket, keys)
-        await self._send_json(req, send, {"length": length})
+        answer: dict[str, Any] = {}
+        if lease_ms:
+            grant, absent = await self.service.lease(bucket, keys[:length], lease_ms)
+            length = next((i for i, key in enumerate(keys[:length]) if key in absent), length)
+            answer["lease"] = grant.doc()
+        self._lookups("prefix", length, int(length < len(keys)))  # the run stops at its first miss
+        await self._send_json(req, send, {"length": length, **answer})
 
     async def _prefetch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Stage S3-held chunks into the filesystem tier ahead of reads; answers at once."""
@@ -310,9 +353,31 @@ class NativeAPI:
     async def _locate(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Where each chunk's file is, for clients that mount the filesystem tier (see README)."""
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
-        keys = await self._keys(req)
+        keys, lease_ms = await self._lookup_body(req)
         located = await self.service.locate(bucket, keys)
-        await self._send_json(req, send, {"chunks": [_location_doc(loc) for loc in located]})
+        answer: dict[str, Any] = {}
+        if lease_ms:
+            grant, absent = await self.service.lease(
+                bucket, [k for k, loc in zip(keys, located, strict=True) if loc is not None], lease_ms)
+            located = [None if key in absent else loc for key, loc in zip(keys, located, strict=True)]
+            answer["lease"] = grant.doc()
+        await self._send_json(req, send, {"chunks": [_location_doc(loc) for loc in located], **answer})
+
+    async def _list(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """Live keys under a prefix, strictly after ``after``, in UTF-8 byte order (S3's): for clients
+        that remove what they stored (SGLang's ``clear()``). Continue with ``after`` = the last key
+        while ``truncated``."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        doc = await req.read_json(MAX_JSON_BYTES)
+        prefix = doc.get("prefix", "") if isinstance(doc, dict) else None
+        after = doc.get("after") if isinstance(doc, dict) else None
+        limit = doc.get("limit", MAX_LIST_KEYS) if isinstance(doc, dict) else None
+        if (not isinstance(prefix, str) or not (after is None or isinstance(after, str))
+                or isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_KEYS):
+            raise InvalidRequest(f'body must be {{"prefix": string, "after": string, "limit": 1..{MAX_LIST_KEYS}}}')
+        page = await self.service.list_page(bucket, prefix=prefix, after=after, max_keys=limit)
+        await self._send_json(req, send, {"keys": [info.key for info in page.contents],
+                                          "truncated": page.truncated})
 
     async def _send_json(self, req: Request, send: Send, doc: Any) -> None:
         headers = self._base_headers(req)
@@ -379,7 +444,7 @@ def _location_doc(loc: ChunkLocation | None) -> dict[str, Any] | None:
     if loc.path is not None:
         doc["path"] = loc.path
     else:
-        doc["tier"] = "s3"
+        doc["tier"] = TierId.S3.label
     return doc
 
 

@@ -5,6 +5,8 @@
 - ``dict_app`` / ``FastAPIApp``: a plain FastAPI app whose ``HEAD/GET /items/{key}`` route looks the
   key up in a dict, under uvicorn with uvloop + httptools like kvgw: the reference for HEAD.
   ``python -m gateway.bench.baselines --port N`` runs it.
+- ``serve_raw`` / ``RawResponder``: a minimal raw-socket HTTP responder answering canned bytes, the floor
+  for a lookup's round trip (``--raw``).
 - ``raw_write_op`` / ``raw_read_op``: the same bytes written (temp file, fsync, link, fsync dir) and
   read (``readinto`` a preallocated buffer) straight from Python, the reference for PUT and GET.
 """
@@ -12,67 +14,25 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from backends.fileio import fsync_dir
 from gateway.bench import procstat
-from gateway.bench.loadgen import Address, Op, Request, request_once
+from gateway.bench.launcher import free_port, stop_process, wait_until
+from gateway.bench.loadgen import Address, LoadRequest, Op, request_once
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, log: Path,
-               timeout: float = 30.0) -> None:
-    """Poll ``check`` until it holds. If ``proc`` dies or time runs out, stop it and raise with its log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
-        with contextlib.suppress(OSError, RuntimeError):
-            if check():
-                return
-        time.sleep(0.05)
-    stop_process(proc)
-    raise RuntimeError(f"{what} did not come up within {timeout:g} s:\n{tail(log)}")
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 def http_ok(address: Address, target: str) -> bool:
-    status, _ = request_once(address, Request("GET", target), timeout=2.0)
+    status, _ = request_once(address, LoadRequest("GET", target), timeout=2.0)
     return status == 200
 
 
@@ -188,32 +148,30 @@ def dict_app(items: dict[str, int]) -> FastAPI:
     return app
 
 
-class FastAPIApp:
-    """``dict_app`` in its own process (``python -m gateway.bench.baselines``) on a free port."""
+class BaselineProcess:
+    """A baseline server in its own process (``python -m gateway.bench.baselines ...``) on a free
+    loopback port, so its CPU is measured apart from the load generator's."""
 
-    def __init__(self, workdir: Path, keys: int, size: int) -> None:
+    name = "baseline"
+
+    def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.keys = keys
-        self.size = size
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log = workdir / "fastapi.out"
+        self.log = workdir / f"{self.name}.out"
 
     @property
     def address(self) -> Address:
         return ("127.0.0.1", self.port)
 
-    def start(self) -> FastAPIApp:
+    def _spawn(self, args: Sequence[str], probe: str) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.bench.baselines", "--port", str(self.port),
-                 "--keys", str(self.keys), "--size", str(self.size)],
+                [sys.executable, "-m", "gateway.bench.baselines", "--port", str(self.port), *args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
-        probe = f"/items/{item_keys(1)[0]}"
-        wait_until(lambda: http_ok(self.address, probe), self.proc, "FastAPI baseline", self.log)
-        return self
+        wait_until(lambda: http_ok(self.address, probe), self.proc, self.name, self.log)
 
     def pids(self) -> list[int]:
         return [] if self.proc is None else [self.proc.pid]
@@ -222,14 +180,89 @@ class FastAPIApp:
         stop_process(self.proc)
 
 
+class FastAPIApp(BaselineProcess):
+    """``dict_app``: the reference for HEAD."""
+
+    name = "fastapi"
+
+    def __init__(self, workdir: Path, keys: int, size: int) -> None:
+        super().__init__(workdir)
+        self.keys = keys
+        self.size = size
+
+    def start(self) -> FastAPIApp:
+        self._spawn(["--keys", str(self.keys), "--size", str(self.size)], f"/items/{item_keys(1)[0]}")
+        return self
+
+
+class RawResponder(BaselineProcess):
+    """``serve_raw``: the floor for an HTTP lookup here (issue 14): a keep-alive connection, the request
+    read up to the end of its body, canned answer bytes written back, nothing else."""
+
+    name = "raw-responder"
+
+    def __init__(self, workdir: Path, answers: dict[str, bytes]) -> None:
+        super().__init__(workdir)
+        self.answers = answers
+
+    def start(self) -> RawResponder:
+        args = ["--raw"]
+        for path_part, body in self.answers.items():
+            args += ["--answer", f"{path_part}={body.decode()}"]
+        self._spawn(args, "/probe")
+        return self
+
+
+def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
+    """Answer every request on 127.0.0.1:``port`` with the body of the first ``answers`` key found in
+    its request line (the last answer otherwise): an asyncio protocol on uvloop, as kvgw runs, that
+    finds the end of the headers and the Content-Length and writes one canned response."""
+    import asyncio
+
+    import uvloop
+
+    canned = [(part, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+               % len(body) + body) for part, body in answers.items()]
+
+    class Responder(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.WriteTransport, transport)  # uvloop's TCPTransport
+            self.buffer = bytearray()
+
+        def data_received(self, data: bytes) -> None:
+            buffer = self.buffer
+            buffer += data
+            while (end := buffer.find(b"\r\n\r\n")) >= 0:
+                head = bytes(buffer[:end]).lower()
+                at = head.find(b"content-length:")
+                length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                if len(buffer) < end + 4 + length:
+                    return
+                line = head.split(b"\r\n", 1)[0]
+                self.transport.write(next((r for part, r in canned if part in line), canned[-1][1]))
+                del buffer[:end + 4 + length]
+
+    loop = uvloop.new_event_loop()
+    loop.run_until_complete(loop.create_server(Responder, "127.0.0.1", port, backlog=1024))
+    loop.run_forever()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description="plain FastAPI dict-lookup app (benchmark baseline)")
+    parser = argparse.ArgumentParser(description="benchmark baselines: a plain FastAPI dict-lookup app, or "
+                                                 "(--raw) a minimal raw-socket HTTP responder")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--keys", type=int, default=64)
     parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--raw", action="store_true", help="run serve_raw instead of the FastAPI app")
+    parser.add_argument("--answer", action="append", default=[], metavar="PATH_PART=BODY",
+                        help="--raw: answer requests whose request line holds PATH_PART with BODY")
     args = parser.parse_args(argv)
+    if args.raw:
+        answers = dict(item.split("=", 1) for item in args.answer) or {"/": "ok"}
+        serve_raw(args.port, {k.encode(): v.encode() for k, v in answers.items()})
+        return 0
     app = dict_app(dict.fromkeys(item_keys(args.keys), args.size))
     uvicorn.run(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools", lifespan="on",
                 log_level="warning", access_log=False, timeout_keep_alive=30)

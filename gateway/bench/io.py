@@ -3,13 +3,18 @@ measured in the same run, on the same disk, with the same load generator (``gate
 
 What runs (all on loopback, all started here and stopped afterwards):
 
-- ``kvgw serve --anonymous`` on its defaults (fsync on, reads verified), in a subprocess, data in a
+- ``kvgw serve --anonymous-admin`` on its defaults (fsync on, reads verified), in a subprocess, data in a
   temp dir under ``--data-dir`` (default: the current directory); with ``--compare-no-fsync`` a second
   one with ``--no-fsync`` for the PUT rows;
 - nginx (``sendfile on``, ``worker_processes auto``) serving the same bytes from files in that temp dir;
-- a plain FastAPI dict-lookup app under uvicorn (uvloop + httptools) for HEAD;
+- a plain FastAPI dict-lookup app under uvicorn (uvloop + httptools) for HEAD, and nginx answering
+  HEAD for a tiny static file;
+- a minimal raw-socket HTTP responder (``baselines.serve_raw``) answering exists / prefix with the
+  same bytes kvgw answers: the floor for a lookup's round trip;
 - raw file write (temp file, fsync, link, fsync dir) and read (``readinto``) of the same bytes, from
-  Python threads, in that temp dir.
+  Python threads, in that temp dir (their CPU is this process's, measured over the same window).
+
+The targets printed at the end are issue 14's (``targets``).
 
 The machine may be shared and noisy, so every figure is measured in ``--rounds`` rounds, kvgw and its
 baselines back to back within a round (their order alternating between rounds); the report gives
@@ -32,7 +37,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,20 +47,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from backends.fileio import mount_of
 from gateway.bench import procstat
-from gateway.bench.baselines import (
-    FastAPIApp,
-    Nginx,
-    find_nginx,
-    free_port,
-    http_ok,
-    item_keys,
-    raw_read_op,
-    raw_write_op,
-    stop_process,
-    wait_until,
-)
-from gateway.bench.loadgen import Address, Request, Stats, request_once, run_load, run_ops
+from gateway.bench.baselines import FastAPIApp, Nginx, RawResponder, find_nginx, item_keys, raw_read_op, raw_write_op
+from gateway.bench.launcher import KvgwProcess
+from gateway.bench.loadgen import LoadRequest, Stats, request_once, run_load, run_ops
+from gateway.bench.plots import plot_io, progress
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -74,48 +70,27 @@ RAW_READ = "raw read"
 RAW_WRITE = "raw write+fsync+link"
 RAW_WRITE_NOFSYNC = "raw write+link"
 FASTAPI = "FastAPI dict route"
+RAW_RESPONDER = "raw-socket responder"
 OPS = ("put", "get", "small")  # --ops: PUT cells, GET cells + memory phase, HEAD / exists / prefix cells
 
 
 # -- the gateway under test ------------------------------------------------------------------------
 
-class KvgwServer:
-    """``kvgw serve`` in a subprocess on a free port (the command users run, via ``-m gateway.cli``)."""
-
-    def __init__(self, data_dir: Path, *, fsync: bool = True) -> None:
-        self.data_dir = data_dir
-        self.fsync = fsync
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = data_dir.parent / f"{data_dir.name}.log"
-
-    @property
-    def address(self) -> Address:
-        return ("127.0.0.1", self.port)
-
-    def start(self) -> KvgwServer:
-        # The gateway runs on its defaults: the caller's KVGW_* settings are not passed on.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVGW_")}
-        env["KVGW_LOG_LEVEL"] = "warning"
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--anonymous"]
-        if not self.fsync:
-            cmd.append("--no-fsync")
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env)
-        wait_until(lambda: http_ok(self.address, "/readyz"), self.proc, "kvgw serve", self.log, timeout=60)
-        return self
-
-    def pids(self) -> list[int]:
-        return [] if self.proc is None else [self.proc.pid]
-
-    def stop(self) -> None:
-        stop_process(self.proc)
+def kvgw_server(data_dir: Path, *, fsync: bool = True) -> KvgwProcess:
+    """``kvgw serve`` on its defaults (the caller's KVGW_* settings are not passed on), anonymous with
+    delete rights (``--anonymous-admin``: the PUT cells delete what they wrote; loopback only)."""
+    return KvgwProcess(data_dir, extra_args=["--anonymous-admin", *([] if fsync else ["--no-fsync"])],
+                       inherit_kvgw_env=False, log_path=data_dir.parent / f"{data_dir.name}.log")
 
 
 def chunk_target(key: str) -> str:
     return f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}"
+
+
+def lookup_answers() -> dict[str, bytes]:
+    """What kvgw answers the benchmark's exists and prefix calls (``Bench.check_meta`` checks it)."""
+    return {"/exists": b'{"exists":[' + b",".join([b"true"] * META_KEYS) + b"]}",
+            "/prefix": b'{"length":%d}' % META_KEYS}
 
 
 # -- measurements ----------------------------------------------------------------------------------
@@ -161,10 +136,11 @@ class Cell:
 class Bench:
     args: argparse.Namespace
     work: Path
-    kvgw: KvgwServer
-    kvgw_nofsync: KvgwServer | None
+    kvgw: KvgwProcess
+    kvgw_nofsync: KvgwProcess | None
     nginx: Nginx
     fastapi: FastAPIApp
+    responder: RawResponder
     payloads: dict[int, bytearray] = field(default_factory=dict)
     get_keys: dict[int, list[str]] = field(default_factory=dict)
     www_files: dict[int, list[Path]] = field(default_factory=dict)
@@ -174,7 +150,7 @@ class Bench:
     # -- plumbing --
 
     def our_pids(self) -> list[int]:
-        pids = [os.getpid(), *self.kvgw.pids(), *self.nginx.pids(), *self.fastapi.pids()]
+        pids = [os.getpid(), *self.kvgw.pids(), *self.nginx.pids(), *self.fastapi.pids(), *self.responder.pids()]
         if self.kvgw_nofsync is not None:
             pids += self.kvgw_nofsync.pids()
         return pids
@@ -223,7 +199,7 @@ class Bench:
             for i in range(self.args.objects):
                 buf[:8] = i.to_bytes(8, "little")
                 key = f"get-{self.run_id}-{size}-{i}"
-                status, body = request_once(self.kvgw.address, Request("PUT", chunk_target(key), body=buf,
+                status, body = request_once(self.kvgw.address, LoadRequest("PUT", chunk_target(key), body=buf,
                                                                        expect=(201,)), timeout=300)
                 if status != 201:
                     raise RuntimeError(f"preload PUT {key}: {status} {body[:200]!r}")
@@ -236,7 +212,7 @@ class Bench:
             self.www_files[size] = files
         (www / "probe").write_bytes(b"ok")
         for key in self.meta_keys():
-            status, body = request_once(self.kvgw.address, Request(
+            status, body = request_once(self.kvgw.address, LoadRequest(
                 "PUT", chunk_target(key), body=b"m" * META_CHUNK_BYTES, expect=(201, 200)))
             if status not in (200, 201):
                 raise RuntimeError(f"preload PUT {key}: {status} {body[:200]!r}")
@@ -251,39 +227,38 @@ class Bench:
 
     def check_meta(self) -> None:
         """exists / prefix must answer what the benchmark assumes (all 64 keys present)."""
-        for op, want in (("exists", b'{"exists":[' + b",".join([b"true"] * META_KEYS) + b"]}"),
-                         ("prefix", b'{"length":%d}' % META_KEYS)):
+        for op, want in ((op, lookup_answers()[f"/{op}"]) for op in ("exists", "prefix")):
             status, body = request_once(self.kvgw.address, self.meta_request(op))
             if status != 200 or body.replace(b" ", b"") != want:
                 raise RuntimeError(f"{op} answered {status} {body[:200]!r}, expected {want[:60]!r}...")
 
-    def meta_request(self, op: str) -> Request:
+    def meta_request(self, op: str) -> LoadRequest:
         doc = json.dumps({"keys": self.meta_keys()}).encode()
-        return Request("POST", f"/v1/buckets/{BUCKET}/{op}", body=doc,
+        return LoadRequest("POST", f"/v1/buckets/{BUCKET}/{op}", body=doc,
                        headers=[("Content-Type", "application/json")])
 
-    def get_request_maker(self, size: int) -> Callable[[int, int], Request]:
-        reqs = [Request("GET", chunk_target(k)) for k in self.get_keys[size]]
+    def get_request_maker(self, size: int) -> Callable[[int, int], LoadRequest]:
+        reqs = [LoadRequest("GET", chunk_target(k)) for k in self.get_keys[size]]
         n = len(reqs)
         return lambda i, seq: reqs[(i + seq) % n]
 
     # -- the cells --
 
-    def put_kvgw(self, server: KvgwServer, target: str, size: int, clients: int) -> Callable[[int], Sample]:
+    def put_kvgw(self, server: KvgwProcess, target: str, size: int, clients: int) -> Callable[[int], Sample]:
         def run(rnd: int) -> Sample:
             payload = self.payload(size)
             written: list[str] = []
-            tag = f"put-{self.run_id}-{'f' if server.fsync else 'n'}-{size}-{clients}-{rnd}"
+            tag = f"put-{self.run_id}-{'n' if '--no-fsync' in server.extra_args else 'f'}-{size}-{clients}-{rnd}"
 
-            def make(i: int, seq: int) -> Request:
+            def make(i: int, seq: int) -> LoadRequest:
                 key = f"{tag}-{i}-{seq}"
                 written.append(key)
-                return Request("PUT", chunk_target(key), body=payload, expect=(201,))
+                return LoadRequest("PUT", chunk_target(key), body=payload, expect=(201,))
 
             sample = self.measure(target, "PUT", size, clients, rnd,
                                   lambda: run_load(server.address, make, clients, duration=self.duration()),
                                   server.pids())
-            deletes = [Request("DELETE", chunk_target(k), expect=(204, 404)) for k in written]
+            deletes = [LoadRequest("DELETE", chunk_target(k), expect=(204, 404)) for k in written]
             done = run_load(server.address, lambda i, seq: deletes[seq], min(4, max(1, len(deletes))),
                             count=len(deletes))
             if done.errors:
@@ -299,7 +274,7 @@ class Bench:
             folder = self.work / "raw-write"
             opener = raw_write_op(folder, memoryview(self.payload(size)), fsync=fsync, written=written)
             sample = self.measure(target, "PUT", size, clients, rnd,
-                                  lambda: run_ops(opener, clients, duration=self.duration()), None)
+                                  lambda: run_ops(opener, clients, duration=self.duration()), [os.getpid()])
             for path in written:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -315,7 +290,7 @@ class Bench:
             lambda: run_load(self.kvgw.address, make, clients, duration=self.duration()), self.kvgw.pids())
 
     def get_nginx(self, size: int, clients: int) -> Callable[[int], Sample]:
-        reqs = [Request("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
+        reqs = [LoadRequest("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
         n = len(reqs)
         return lambda rnd: self.measure(
             NGINX, "GET", size, clients, rnd,
@@ -329,7 +304,7 @@ class Bench:
                                         lambda: run_ops(opener, clients, duration=self.duration()), None)
 
     def meta_kvgw(self, op: str, clients: int) -> Callable[[int], Sample]:
-        heads = [Request("HEAD", chunk_target(k)) for k in self.meta_keys()]
+        heads = [LoadRequest("HEAD", chunk_target(k)) for k in self.meta_keys()]
         reqs = heads if op == "HEAD" else [self.meta_request(op)]
         n = len(reqs)
         name = op if op == "HEAD" else f"{op} {META_KEYS} keys"
@@ -339,8 +314,23 @@ class Bench:
                              duration=self.duration()),
             self.kvgw.pids())
 
+    def meta_raw(self, op: str, clients: int) -> Callable[[int], Sample]:
+        """The same exists / prefix request to the raw-socket responder (the floor of a lookup)."""
+        req = self.meta_request(op)
+        return lambda rnd: self.measure(
+            RAW_RESPONDER, f"{op} {META_KEYS} keys", 0, clients, rnd,
+            lambda: run_load(self.responder.address, lambda i, seq: req, clients, duration=self.duration()),
+            self.responder.pids())
+
+    def head_nginx(self, clients: int) -> Callable[[int], Sample]:
+        probe = LoadRequest("HEAD", "/probe")
+        return lambda rnd: self.measure(
+            NGINX, "HEAD", 0, clients, rnd,
+            lambda: run_load(self.nginx.address, lambda i, seq: probe, clients, duration=self.duration()),
+            self.nginx.pids())
+
     def head_fastapi(self, clients: int) -> Callable[[int], Sample]:
-        reqs = [Request("HEAD", f"/items/{k}") for k in item_keys(META_KEYS)]
+        reqs = [LoadRequest("HEAD", f"/items/{k}") for k in item_keys(META_KEYS)]
         n = len(reqs)
         return lambda rnd: self.measure(
             FASTAPI, "HEAD", 0, clients, rnd,
@@ -364,8 +354,10 @@ class Bench:
                 out.append(Cell("GET", size, c, [(KVGW, self.get_kvgw(size, c)), (NGINX, self.get_nginx(size, c)),
                                                  (RAW_READ, self.get_raw(size, c))]))
         for c in clients if "small" in ops else ():
-            out.append(Cell("meta", 0, c, [(KVGW, self.meta_kvgw("HEAD", c)), (FASTAPI, self.head_fastapi(c)),
-                                           (KVGW, self.meta_kvgw("exists", c)), (KVGW, self.meta_kvgw("prefix", c))]))
+            runs = [(KVGW, self.meta_kvgw("HEAD", c)), (FASTAPI, self.head_fastapi(c)), (NGINX, self.head_nginx(c))]
+            for op in ("exists", "prefix"):
+                runs += [(KVGW, self.meta_kvgw(op, c)), (RAW_RESPONDER, self.meta_raw(op, c))]
+            out.append(Cell("meta", 0, c, runs))
         return out
 
     # -- special phases --
@@ -374,12 +366,12 @@ class Bench:
         """How much one load-generator thread can sink (nginx, biggest chunk) and how many small
         requests the load generator can issue (nginx, 8 clients, a tiny file): the ceiling the load
         generator puts on every figure below."""
-        probe = Request("HEAD", "/probe")
+        probe = LoadRequest("HEAD", "/probe")
         many = run_load(self.nginx.address, lambda i, seq: probe, 8, duration=self.duration())
         out: dict[str, Any] = {"head_8_clients_per_s": many.ops_per_s, "errors": many.errors}
         if self.www_files:  # GET chunks were preloaded (--ops get)
             size = max(self.www_files)
-            reqs = [Request("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
+            reqs = [LoadRequest("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
             one = run_load(self.nginx.address, lambda i, seq: reqs[seq % len(reqs)], 1, duration=self.duration())
             out.update(one_client_get_bytes_per_s=one.bytes_per_s, one_client_get_size=size,
                        one_client_get_client_cpu_per_gib=one.client_cpu / max(one.bytes / GiB, 1e-9),
@@ -492,6 +484,17 @@ def p50(s: Sample) -> float:
     return s.stats.percentile(0.5)
 
 
+def p99(s: Sample) -> float:
+    return s.stats.percentile(0.99)
+
+
+def median_of(samples: Sequence[Sample], target: str, op: str, size: int, clients: int,
+              value: Callable[[Sample], float]) -> float | None:
+    """Median over rounds of ``value`` of one (target, op, size, clients)."""
+    got = [value(s) for s in samples if (s.target, s.op, s.size, s.clients) == (target, op, size, clients)]
+    return median(got) if got else None
+
+
 def cpu_per_gib(s: Sample) -> float | None:
     return s.cpu_per_gib
 
@@ -523,22 +526,35 @@ class Target:
 
 
 def targets(samples: Sequence[Sample], rss: dict[str, Any] | None) -> list[Target]:
-    mb8 = 8 * MiB
-    out = [
-        Target("GET 8 MiB, 8 clients: kvgw / nginx throughput",
-               paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), mb8, 8, throughput), 0.70, True),
-        Target("GET 8 MiB, 8 clients: server CPU per GiB, kvgw / nginx",
-               paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), mb8, 8, cpu_per_gib), 2.0, False),
-    ]
-    for c in (1, 8):
-        out.append(Target(f"PUT 8 MiB, {c} client{'s' if c > 1 else ''}: kvgw / raw write+fsync+link",
-                          paired_ratio(samples, (KVGW, "PUT"), (RAW_WRITE, "PUT"), mb8, c, throughput), 0.60, True))
-    out.append(Target("HEAD, 8 clients: kvgw / FastAPI dict route rate",
-                      paired_ratio(samples, (KVGW, "HEAD"), (FASTAPI, "HEAD"), 0, 8, rate), 0.75, True))
+    """Issue 14's targets (ratios to baselines measured in the same rounds), and the memory cap."""
+    mb8, mb32 = 8 * MiB, 32 * MiB
+    out: list[Target] = []
+    for size, c in ((mb8, 8), (mb8, 1), (mb32, 8), (mb32, 1)):
+        where = f"GET {fmt_size(size)}, {c} client{'s' if c > 1 else ''}"
+        out.append(Target(f"{where}: kvgw / nginx throughput",
+                          paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, throughput), 0.95, True))
+        out.append(Target(f"{where}: server CPU per GiB, kvgw / nginx",
+                          paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, cpu_per_gib), 1.1, False))
+    for mine, raw, how in ((KVGW, RAW_WRITE, "write+fsync+link"), (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, "write+link")):
+        for c in (1, 8):
+            where = f"PUT 8 MiB, {c} client{'s' if c > 1 else ''}, {'no ' if mine == KVGW_NOFSYNC else ''}fsync"
+            out.append(Target(f"{where}: kvgw / raw {how} throughput",
+                              paired_ratio(samples, (mine, "PUT"), (raw, "PUT"), mb8, c, throughput), 0.9, True))
+            out.append(Target(f"{where}: CPU per GiB, kvgw server / raw loop",
+                              paired_ratio(samples, (mine, "PUT"), (raw, "PUT"), mb8, c, cpu_per_gib), 1.2, False))
+    for c in (8,):
+        out.append(Target(f"HEAD, {c} clients: kvgw / FastAPI dict route rate",
+                          paired_ratio(samples, (KVGW, "HEAD"), (FASTAPI, "HEAD"), 0, c, rate), 1.5, True))
+        out.append(Target(f"HEAD, {c} clients: kvgw / nginx static HEAD rate",
+                          paired_ratio(samples, (KVGW, "HEAD"), (NGINX, "HEAD"), 0, c, rate), 0.5, True))
     for op in ("exists", "prefix"):
-        out.append(Target(f"{op} of {META_KEYS} keys, 1 client: p50 latency / one HEAD's p50",
-                          paired_ratio(samples, (KVGW, f"{op} {META_KEYS} keys"), (KVGW, "HEAD"), 0, 1, p50),
-                          2.0, False))
+        name = f"{op} {META_KEYS} keys"
+        out.append(Target(f"{op} of {META_KEYS} keys, 1 client: p50 / raw-socket responder p50",
+                          paired_ratio(samples, (KVGW, name), (RAW_RESPONDER, name), 0, 1, p50), 1.3, False))
+        out.append(Target(f"{op} of {META_KEYS} keys, 1 client: p50", median_of(samples, KVGW, name, 0, 1, p50),
+                          150e-6, False, unit="s"))
+        out.append(Target(f"{op} of {META_KEYS} keys, 1 client: p99", median_of(samples, KVGW, name, 0, 1, p99),
+                          400e-6, False, unit="s"))
     peak = None if rss is None else float(rss["vm_hwm"] if rss["peak_reset"] else rss["rss_sampled_max"])
     out.append(Target(f"gateway peak RSS serving {RSS_CLIENTS} concurrent {RSS_CHUNK // MiB} MiB GETs", peak,
                       RSS_LIMIT_BYTES, False, unit="B"))
@@ -558,6 +574,8 @@ def fmt_size(n: int) -> str:
 def fmt_num(v: float, unit: str) -> str:
     if unit == "B":
         return f"{v / 1e6:.0f} MB ({v / MiB:.0f} MiB)"
+    if unit == "s":
+        return f"{v * 1e6:.0f} µs"
     return f"{v:.2f}{unit}"
 
 
@@ -607,26 +625,37 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
             ratio = paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
             add(f"| {fmt_size(size)} | {c} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} | {fmt_ratio(ratio)} |")
     add("")
+    add("CPU per GiB written by PUT (kvgw: the server process; raw: this process's threads running the loop)")
+    add("")
+    add("| size | clients | fsync | kvgw CPU s/GiB | raw loop CPU s/GiB | kvgw / raw |")
+    add("|---|---|---|---|---|---|")
+    for mine, raw, fsync in ((KVGW, RAW_WRITE, "on"), (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, "off")):
+        for size in args.sizes:
+            for c in args.clients:
+                k, b = figures.get((mine, "PUT", size, c)), figures.get((raw, "PUT", size, c))
+                if k is None or b is None or k.cpu_per_gib is None or b.cpu_per_gib is None:
+                    continue
+                ratio = paired_ratio(samples, (mine, "PUT"), (raw, "PUT"), size, c, cpu_per_gib)
+                add(f"| {fmt_size(size)} | {c} | {fsync} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} "
+                    f"| {fmt_ratio(ratio)} |")
+    add("")
     add(f"Small calls (exists / prefix carry {META_KEYS} keys, all present; HEAD cycles over the same keys)")
     add("")
-    add("| op | clients | kvgw calls/s | kvgw p50 / p99 ms | vs FastAPI HEAD (calls/s) | rate ratio "
-        "| p50 latency / kvgw HEAD p50 |")
-    add("|---|---|---|---|---|---|---|")
+    add("| op | clients | kvgw calls/s | kvgw p50 / p99 ms | baseline | baseline calls/s (p50 ms) | rate ratio "
+        "| p50 ratio |")
+    add("|---|---|---|---|---|---|---|---|")
     for c in args.clients:
         for op in ("HEAD", f"exists {META_KEYS} keys", f"prefix {META_KEYS} keys"):
             k = figures.get((KVGW, op, 0, c))
             if k is None:
                 continue
             err = f" ({k.errors} errors!)" if k.errors else ""
-            base, ratio_text, lat = "-", "-", "1"
-            if op == "HEAD":
-                f = figures.get((FASTAPI, "HEAD", 0, c))
-                base = "-" if f is None else f"{f.ops_per_s:.0f} (p50 {fmt_ms(f.p50)} ms)"
-                ratio_text = fmt_ratio(paired_ratio(samples, (KVGW, "HEAD"), (FASTAPI, "HEAD"), 0, c, rate))
-            else:
-                lat = fmt_ratio(paired_ratio(samples, (KVGW, op), (KVGW, "HEAD"), 0, c, p50))
-            add(f"| {op} | {c} | {k.ops_per_s:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} | {ratio_text} "
-                f"| {lat} |")
+            for base in ((FASTAPI, NGINX) if op == "HEAD" else (RAW_RESPONDER,)):
+                f = figures.get((base, op, 0, c))
+                shown = "-" if f is None else f"{f.ops_per_s:.0f} ({fmt_ms(f.p50)})"
+                add(f"| {op} | {c} | {k.ops_per_s:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} | {shown} "
+                    f"| {fmt_ratio(paired_ratio(samples, (KVGW, op), (base, op), 0, c, rate))} "
+                    f"| {fmt_ratio(paired_ratio(samples, (KVGW, op), (base, op), 0, c, p50))} |")
     add("")
     if rss is not None:
         peak_note = "" if rss["peak_reset"] else " (lifetime peak: reset refused)"
@@ -684,6 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default all")
     p.add_argument("--quick", action="store_true", help="smoke run: 8 MiB only, 1 round of 0.5 s")
     p.add_argument("--json", type=Path, help="write every figure (each round, medians, targets) here")
+    p.add_argument("--plot", type=Path, metavar="PNG",
+                   help="draw throughput against concurrency beside the baselines (needs the bench extra)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data) afterwards")
     return p
 
@@ -715,10 +746,10 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()
     procs: list[Any] = []
     try:
-        kvgw = KvgwServer(work / "kvgw").start()
+        kvgw = kvgw_server(work / "kvgw").start()
         procs.append(kvgw)
         with_nofsync = args.compare_no_fsync and "put" in args.ops
-        nofsync = KvgwServer(work / "kvgw-nofsync", fsync=False).start() if with_nofsync else None
+        nofsync = kvgw_server(work / "kvgw-nofsync", fsync=False).start() if with_nofsync else None
         if nofsync is not None:
             procs.append(nofsync)
         (work / "www").mkdir()
@@ -727,7 +758,9 @@ def main(argv: list[str]) -> int:
         procs.append(nginx)
         fastapi = FastAPIApp(work / "fastapi", META_KEYS, META_CHUNK_BYTES).start()
         procs.append(fastapi)
-        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi)
+        responder = RawResponder(work / "responder", lookup_answers()).start()
+        procs.append(responder)
+        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder)
         print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "
               f"{', '.join(fmt_size(s) for s in args.sizes)}, clients {args.clients}, {args.rounds} rounds of "
               f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}, ops {','.join(args.ops)}",
@@ -739,7 +772,7 @@ def main(argv: list[str]) -> int:
         cells = bench.cells()
         for rnd in range(args.rounds):
             t0 = time.monotonic()
-            for cell in cells:
+            for cell in progress(cells, f"round {rnd + 1}/{args.rounds}"):
                 runs = cell.runs if rnd % 2 == 0 else list(reversed(cell.runs))
                 for _, run in runs:
                     run(rnd)
@@ -771,6 +804,10 @@ def main(argv: list[str]) -> int:
             }
             args.json.write_text(json.dumps(doc, indent=1) + "\n")
             print(f"\nfigures written to {args.json}")
+        if args.plot is not None:
+            plot_io([f.as_dict() for f in figures.values()], args.plot,
+                    title=f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC ({os.cpu_count()} cores)")
+            print(f"plot written to {args.plot}")
         failed = any(t.verdict == "FAIL" for t in tgts)
         errors = sum(s.stats.errors for s in samples) + (rss or {}).get("errors", 0) + selfcheck["errors"]
         return 1 if failed or errors else 0
@@ -784,11 +821,6 @@ def main(argv: list[str]) -> int:
 
 
 def _fs_type(path: Path) -> str:
-    """Filesystem type and device holding ``path`` (from /proc/self/mounts, longest mount prefix)."""
-    best = ("", "?", "?")
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            dev, mnt, fstype, *_ = line.split()
-            if (str(path) + "/").startswith(mnt.rstrip("/") + "/") and len(mnt) >= len(best[0]):
-                best = (mnt, fstype, dev)
-    return f"{best[1]} on {best[2]}"
+    """Filesystem type and device holding ``path``."""
+    mount = mount_of(path)
+    return f"{mount.fstype} on {mount.device}"

@@ -1,5 +1,5 @@
-"""``kvgw bench lmcache``: the same KV chunks stored and retrieved through LMCache 0.5.6's own storage
-paths, in one run, against five storage targets on this machine:
+"""``kvgw bench lmcache``: the same KV chunks stored and retrieved through LMCache's own storage
+paths (0.5.6 or 0.5.7), in one run, against five storage targets on this machine:
 
     (a) kvgw's connector                   remote-storage plugin, native API, no prefetcher
     (f) kvgw's connector, direct reads     (a) with ``direct_read_root``: chunk files read from kvgw's
@@ -33,21 +33,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import platform
-import shutil
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.baselines import free_port, stop_process, tail
+from gateway.bench.launcher import (
+    KvgwProcess,
+    add_run_options,
+    drop_page_cache,
+    files_under,
+    moto_server,
+    print_report,
+    work_directory,
+)
 
 MiB = 1 << 20
 ACCESS_KEY = "KVBENCHLMCACHEACCESS"
@@ -61,59 +64,19 @@ VHOST_DOMAIN = "localhost"  # kvgw's S3 API and moto both take <bucket>.localhos
 
 
 @contextlib.contextmanager
-def _process(cmd: list[str], log: Path, ready: Callable[[], bool], env: dict[str, str] | None = None,
-             what: str = "server") -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
-            with contextlib.suppress(OSError):
-                if ready():
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not come up:\n{tail(log)}")
-            time.sleep(0.05)
-        yield proc
-    finally:
-        stop_process(proc)
-
-
-def _http_status(url: str) -> int:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-
-
-@contextlib.contextmanager
 def kvgw_server(data_dir: Path, *, fsync: bool) -> Iterator[int]:
     """``kvgw serve`` on its defaults (plus root credentials and ``localhost`` as the S3 base domain)."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGW_")}
-    env.update(KVGW_ROOT_ACCESS_KEY=ACCESS_KEY, KVGW_ROOT_SECRET_KEY=SECRET_KEY, KVGW_LOG_LEVEL="warning",
-               KVGW_S3_API_BASE_DOMAIN=VHOST_DOMAIN)
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]
-    if not fsync:
-        cmd.append("--no-fsync")
-    log = data_dir.parent / "kvgw.log"
-    with _process(cmd, log, lambda: _http_status(f"http://127.0.0.1:{port}/readyz") == 200, env, "kvgw serve"):
-        yield port
+    env = {"KVGW_ROOT_ACCESS_KEY": ACCESS_KEY, "KVGW_ROOT_SECRET_KEY": SECRET_KEY,
+           "KVGW_S3_API_BASE_DOMAIN": VHOST_DOMAIN}
+    server = KvgwProcess(data_dir, extra_args=[] if fsync else ["--no-fsync"], env=env, inherit_kvgw_env=False,
+                         log_path=data_dir.parent / "kvgw.log")
+    with server:
+        yield server.port
 
 
 @contextlib.contextmanager
 def moto(workdir: Path) -> Iterator[int]:
-    port = free_port()
-    exe = shutil.which("moto_server")
-    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    with _process([*cmd, "-H", "127.0.0.1", "-p", str(port)], workdir / "moto.log",
-                  lambda: _http_status(f"http://127.0.0.1:{port}/moto-api/") == 200, None, "moto_server"):
+    with moto_server(workdir / "moto.log") as (port, _):
         import boto3
 
         boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
@@ -126,25 +89,6 @@ def resolves(name: str) -> bool:
         return any(info[4][0] == "127.0.0.1" for info in socket.getaddrinfo(name, None))
     except OSError:
         return False
-
-
-# ---------------------------------------------------------------- page cache
-
-
-def chunk_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
-
-
-def drop_page_cache(paths: Sequence[Path]) -> None:
-    """Write back and evict the cached pages of ``paths``: the next read goes to the disk."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 # ---------------------------------------------------------------- measurements
@@ -325,13 +269,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvgw bench lmcache", description=__doc__.split("\n\n")[0] if __doc__ else "")
     p.add_argument("--chunk-mib", type=int, default=8, help="chunk size in MiB (default 8)")
     p.add_argument("--chunks", type=int, default=16, help="chunks per request (default 16)")
-    p.add_argument("--requests", type=int, default=4, help="requests stored and retrieved (default 4)")
-    p.add_argument("--rounds", type=int, default=3, help="retrieve passes over all requests (default 3)")
-    p.add_argument("--cache", choices=["warm", "cold", "both"], default="both")
-    p.add_argument("--only", default="abcdef", help="targets to run, e.g. 'afe' (default abcdef)")
-    p.add_argument("--no-fsync", action="store_true", help="run kvgw with --no-fsync (LMCache's disk never fsyncs)")
-    p.add_argument("--workdir", type=Path, help="where kvgw's data and LMCache's disk cache go (default: a temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    add_run_options(p, read="retrieve", read_done="retrieved", targets="abcdef", example="afe",
+                    no_fsync_note="LMCache's disk never fsyncs", other="LMCache's disk cache")
     return p.parse_args(list(argv))
 
 
@@ -340,23 +279,21 @@ def main(argv: Sequence[str]) -> int:
     try:
         from gateway.bench import lmcache_engine as le
     except ImportError as exc:
-        print(f"kvgw bench lmcache needs LMCache 0.5.6 (.ci/install-lmcache.sh): {exc}", file=sys.stderr)
+        print(f"kvgw bench lmcache needs LMCache 0.5.6 or 0.5.7 (.ci/install-lmcache.sh): {exc}", file=sys.stderr)
         return 2
     caches = ["warm", "cold"] if args.cache == "both" else [args.cache]
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgw-bench-lmcache-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    kvgw_dir, disk_dir = workdir / "kvgw-data", workdir / "lmcache-disk"
-    disk_dir.mkdir(exist_ok=True)
-    bench = Bench(args)
-    pool_gb = 3.2 * bench.request_bytes / (1 << 30) + 0.1
-    vhost = f"{BUCKET}.{VHOST_DOMAIN}"
-    targets: list[Target] = []
-    moto_error = ""
-    try:
+    with work_directory(args, "kvgw-bench-lmcache-") as workdir:
+        kvgw_dir, disk_dir = workdir / "kvgw-data", workdir / "lmcache-disk"
+        disk_dir.mkdir(exist_ok=True)
+        bench = Bench(args)
+        pool_gb = 3.2 * bench.request_bytes / (1 << 30) + 0.1
+        vhost = f"{BUCKET}.{VHOST_DOMAIN}"
+        targets: list[Target] = []
+        moto_error = ""
         with contextlib.ExitStack() as stack:
             port = stack.enter_context(kvgw_server(kvgw_dir, fsync=not args.no_fsync))
             url = f"http://127.0.0.1:{port}"
-            kvgw_files = lambda: chunk_files(kvgw_dir / "fs" / "chunks")  # noqa: E731
+            kvgw_files = lambda: files_under(kvgw_dir / "fs" / "chunks")  # noqa: E731
 
             def kvgw_worker(prefetch: int, direct: bool = False) -> Callable[[], Any]:
                 def make() -> Any:
@@ -407,7 +344,7 @@ def main(argv: Sequence[str]) -> int:
                                       always_warm="moto keeps objects in memory"))
             if "e" in args.only:
                 targets.append(Target("e", "LMCache local-disk backend", le.LOCAL_DISK, disk_worker,
-                                      lambda: chunk_files(disk_dir)))
+                                      lambda: files_under(disk_dir)))
             for target in targets:
                 skip = s3_note if target.key in "cd" else ""
                 skip = skip or (moto_error if target.key == "d" else "")
@@ -420,31 +357,12 @@ def main(argv: Sequence[str]) -> int:
                 except Exception as exc:
                     target.results = [Result(target.key, target.label, c, error=f"{type(exc).__name__}: {exc}")
                                       for c in caches]
-        same_disk = os.stat(kvgw_dir).st_dev == os.stat(disk_dir).st_dev
-        import torch
-
-        header = (
-            f"kvgw bench lmcache: {args.requests} requests x {args.chunks} chunks x {args.chunk_mib} MiB "
-            f"({args.requests * bench.request_bytes / MiB:.0f} MiB), {args.rounds} retrieve rounds; "
-            f"LMCache {_version('lmcache')}, torch {torch.__version__}, {os.cpu_count()} CPUs, {platform.machine()}\n"
-            f"kvgw fsync {'off' if args.no_fsync else 'on'}; kvgw data and LMCache disk cache "
-            f"{'on the same device' if same_disk else 'on DIFFERENT devices'} ({workdir})"
-        )
-        text, ok = report(targets, caches, header)
-        print(text)
-        return 0 if ok else 1
-    finally:
-        if not args.keep and args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _version(dist: str) -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
+        return print_report(
+            lambda header: report(targets, caches, header),
+            title=(f"kvgw bench lmcache: {args.requests} requests x {args.chunks} chunks x {args.chunk_mib} MiB "
+                   f"({args.requests * bench.request_bytes / MiB:.0f} MiB), {args.rounds} retrieve rounds"),
+            engine="LMCache", dist="lmcache", fsync=not args.no_fsync, other="LMCache disk cache",
+            kvgw_dir=kvgw_dir, other_dir=disk_dir, workdir=workdir)
 
 
 if __name__ == "__main__":

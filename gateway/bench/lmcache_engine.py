@@ -1,4 +1,4 @@
-"""LMCache 0.5.6's own storage paths, driven the way its engine drives them, without a GPU.
+"""LMCache's own storage paths (0.5.6 and 0.5.7), driven the way its engine drives them, without a GPU.
 
 ``kvgw bench lmcache`` and the LMCache integration tests (``tests/integration/lmcache``) both use
 this module, so what the benchmark measures is what the tests prove correct.
@@ -37,12 +37,16 @@ from lmcache.v1.distributed.config import L1MemoryManagerConfig
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
 from lmcache.v1.distributed.memory_manager.l1_memory_manager import L1MemoryManager
-from lmcache.v1.event_manager import EventManager
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
-from gateway.client.framing import byte_view
+from kvgw_client.framing import byte_view
+
+try:  # LMCache 0.5.7 moved the in-process engine's pieces under lmcache.inprocess
+    from lmcache.inprocess.v1.event_manager import EventManager
+except ImportError:  # LMCache 0.5.6
+    from lmcache.v1.event_manager import EventManager
 
 T = TypeVar("T")
 
@@ -70,7 +74,7 @@ def kvgw_plugin_extra(url: str, bucket: str = "kvcache", **settings: object) -> 
     """``extra_config`` that loads kvgw's connector as remote-storage plugin ``kvgw``; ``settings`` are
     ``kvgw.*`` keys without the prefix (docs/lmcache-0.5.6-interfaces.md lists them)."""
     extra: dict[str, object] = {
-        f"remote_storage_plugin.{KVGW_PLUGIN}.module_path": "gateway.client.lmcache_connector",
+        f"remote_storage_plugin.{KVGW_PLUGIN}.module_path": "kvgw_client.lmcache.connector",
         f"remote_storage_plugin.{KVGW_PLUGIN}.class_name": "KvgwConnector",
         "kvgw.url": url,
         "kvgw.bucket": bucket,

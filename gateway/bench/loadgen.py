@@ -4,7 +4,7 @@ Apples to apples: each target is measured with the same client, and the client i
 be what is measured. It is a minimal HTTP/1.1 keep-alive client over a raw socket:
 
 - one connection per client thread (socket calls release the GIL, so threads overlap their I/O);
-- request heads are encoded once per ``Request`` object and cached; bodies go out with ``sendall``
+- request heads are encoded once per ``LoadRequest`` object and cached; bodies go out with ``sendall``
   straight from the caller's prebuilt buffer;
 - response bodies are read with ``recv_into`` a buffer preallocated per connection: nothing is
   allocated per response body. A body that fits the buffer stays readable (``conn.body``) until the
@@ -55,7 +55,7 @@ class StatusError(Exception):
         self.status = status
 
 
-class Request:
+class LoadRequest:
     """One request, reusable: build them once and hand the same objects out again and again.
 
     ``expect`` lists the statuses that count as success. ``body`` is sent as is (keep it alive and
@@ -144,7 +144,7 @@ class HttpConnection:
 
     # -- one exchange ----------------------------------------------------------------------------
 
-    def request(self, req: Request) -> tuple[int, int]:
+    def request(self, req: LoadRequest) -> tuple[int, int]:
         """Send ``req`` and read its whole response. A request that fails on a reused connection
         before any response byte arrived (the server closed it while idle) is retried once."""
         if self.sock is None:
@@ -163,7 +163,7 @@ class HttpConnection:
                     raise
             raise
 
-    def _exchange(self, req: Request) -> tuple[int, int]:
+    def _exchange(self, req: LoadRequest) -> tuple[int, int]:
         sock = self.sock
         assert sock is not None
         self._fresh = False
@@ -395,13 +395,17 @@ class _ClientResult:
     connects: int = 0
 
 
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock; with ``processes=True`` one that forked children share (``time.perf_counter``)."""
+
 Finish = Callable[[int, _ClientResult], None]
 """Called in the client's thread or process after its last op: close what ``open_client`` opened and
 record extra results (``run_load``: HTTP statuses and connections) into the client's result."""
 
 
 def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float | None = None,
-            count: int | None = None, processes: bool = False, finish: Finish | None = None) -> Stats:
+            count: int | None = None, processes: bool = False, finish: Finish | None = None,
+            clock: Clock = time.perf_counter) -> Stats:
     """Run ``clients`` threads, each calling the op ``open_client(i)`` returned, until ``duration``
     seconds have passed or ``count`` operations have started in total (exactly one of the two).
 
@@ -414,11 +418,13 @@ def run_ops(open_client: Callable[[int], Op], clients: int, *, duration: float |
     ``processes=True`` runs each client in its own forked process instead (``open_client``, the op
     and ``finish`` run there; tickets come from a shared counter): no client shares a GIL with
     another, so the server, not the client process, is what is measured.
+
+    ``clock`` times everything (start, deadline, latencies); tests pass a fake one.
     """
     if (duration is None) == (count is None):
         raise ValueError("give exactly one of duration and count")
     run = _clients_in_processes if processes else _clients_in_threads
-    results, t0 = run(_Client(open_client, finish), clients, duration, count)
+    results, t0 = run(_Client(open_client, finish, clock), clients, duration, count)
     stats = Stats(clients=clients)
     for res in results:
         stats.ops += res.ops
@@ -442,6 +448,7 @@ class _Client:
 
     open_client: Callable[[int], Op]
     finish: Finish | None
+    clock: Clock
 
     def run(self, i: int, ready: Callable[[], float], next_seq: Callable[[], int | None],
             duration: float | None) -> _ClientResult:
@@ -454,16 +461,16 @@ class _Client:
             res.samples.append(f"setup: {type(exc).__name__}: {exc}")
             op = None
         t0 = ready()
-        _drive(op, res, t0 + duration if duration is not None else float("inf"), next_seq)
+        _drive(op, res, t0 + duration if duration is not None else float("inf"), next_seq, self.clock)
         if self.finish is not None:
             self.finish(i, res)
         return res
 
 
-def _drive(op: Op | None, res: _ClientResult, deadline: float, next_seq: Callable[[], int | None]) -> None:
+def _drive(op: Op | None, res: _ClientResult, deadline: float, next_seq: Callable[[], int | None],
+           perf: Clock) -> None:
     """One client's loop: ops until the deadline or until ``next_seq`` runs out (None)."""
     cpu0 = time.thread_time()
-    perf = time.perf_counter
     while op is not None:
         if perf() >= deadline:
             break
@@ -508,7 +515,7 @@ def _clients_in_threads(client: _Client, clients: int, duration: float | None, c
                         ) -> tuple[list[_ClientResult], float]:
     results = [_ClientResult() for _ in range(clients)]
     clock: dict[str, float] = {}
-    barrier = threading.Barrier(clients, action=lambda: clock.__setitem__("t0", time.perf_counter()))
+    barrier = threading.Barrier(clients, action=lambda: clock.__setitem__("t0", client.clock()))
     tickets = itertools.count()
     tickets_lock = threading.Lock()
 
@@ -533,11 +540,11 @@ def _clients_in_threads(client: _Client, clients: int, duration: float | None, c
 
 def _clients_in_processes(client: _Client, clients: int, duration: float | None, count: int | None
                           ) -> tuple[list[_ClientResult], float]:
-    """Forked children (they inherit ``client``, no pickling); perf_counter is the system-wide
-    monotonic clock, so the children's deadlines and finish times compare with the parent's."""
+    """Forked children (they inherit ``client``, no pickling); perf_counter (the default clock) is the
+    system-wide monotonic clock, so the children's deadlines and finish times compare with the parent's."""
     ctx = multiprocessing.get_context("fork")
     t0 = ctx.Value("d", 0.0, lock=False)
-    barrier = ctx.Barrier(clients, action=lambda: setattr(t0, "value", time.perf_counter()))
+    barrier = ctx.Barrier(clients, action=lambda: setattr(t0, "value", client.clock()))
     tickets = ctx.Value("q", 0)
 
     def take() -> int:
@@ -569,7 +576,7 @@ def _clients_in_processes(client: _Client, clients: int, duration: float | None,
     return results, float(t0.value)
 
 
-MakeRequest = Callable[[int, int], Request]  # (client index, seq) -> the request to send
+MakeRequest = Callable[[int, int], LoadRequest]  # (client index, seq) -> the request to send
 
 
 def run_load(address: Address, make_request: MakeRequest, clients: int, *, duration: float | None = None,
@@ -608,7 +615,7 @@ def run_load(address: Address, make_request: MakeRequest, clients: int, *, durat
     return run_ops(open_client, clients, duration=duration, count=count, processes=processes, finish=finish)
 
 
-def request_once(address: Address, req: Request, *, timeout: float = 30.0) -> tuple[int, bytes]:
+def request_once(address: Address, req: LoadRequest, *, timeout: float = 30.0) -> tuple[int, bytes]:
     """One request on a fresh connection: (status, body) -- for set-up and checks, not for load."""
     conn = HttpConnection(address, body_buffer_bytes=1 << 20, timeout=timeout)
     try:

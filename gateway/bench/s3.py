@@ -34,17 +34,16 @@ import functools
 import itertools
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from gateway.bench.loadgen import Address, Op, Request, Stats, run_load, run_ops
+from gateway.bench.launcher import KvgwProcess, moto_server
+from gateway.bench.loadgen import Address, LoadRequest, Op, Stats, run_load, run_ops
 from gateway.bench.procstat import cpu_seconds
 
 MiB = 1 << 20
@@ -59,40 +58,6 @@ MOTO_BOTO3 = "moto boto3"
 MOTO_LOADGEN = "moto loadgen"
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up:\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 @dataclass(frozen=True)
 class Server:
     url: str
@@ -101,36 +66,17 @@ class Server:
 
 @contextlib.contextmanager
 def kvgw_server(workdir: Path, *, fsync: bool) -> Iterator[Server]:
-    port = free_port()
-    log = workdir / "kvgw.log"
-    env = dict(os.environ, KVGW_ROOT_ACCESS_KEY=ACCESS_KEY, KVGW_ROOT_SECRET_KEY=SECRET_KEY, KVGW_LOG_LEVEL="warning",
-               KVGW_FSYNC="true" if fsync else "false")
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-                                 "--data-dir", str(workdir / "kvgw-data")], stdout=out, stderr=subprocess.STDOUT,
-                                env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_http(f"{url}/healthz", proc, log)
-        yield Server(url, proc.pid)
-    finally:
-        _stop(proc)
+    env = {"KVGW_ROOT_ACCESS_KEY": ACCESS_KEY, "KVGW_ROOT_SECRET_KEY": SECRET_KEY,
+           "KVGW_FSYNC": "true" if fsync else "false"}
+    with KvgwProcess(workdir / "kvgw-data", env=env, log_path=workdir / "kvgw.log") as server:
+        assert server.proc is not None
+        yield Server(server.url, server.proc.pid)
 
 
 @contextlib.contextmanager
-def moto_server(workdir: Path) -> Iterator[Server]:
-    port = free_port()
-    log = workdir / "moto.log"
-    exe = shutil.which("moto_server")
-    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_http(f"{url}/moto-api/", proc, log)
-        yield Server(url, proc.pid)
-    finally:
-        _stop(proc)
+def moto_s3(workdir: Path) -> Iterator[Server]:
+    with moto_server(workdir / "moto.log") as (port, proc):
+        yield Server(f"http://127.0.0.1:{port}", proc.pid)
 
 
 def boto3_client(url: str, access_key: str, secret_key: str, clients: int) -> Any:
@@ -221,9 +167,9 @@ def native_put(url: str, clients: int, payload: bytes, duration: float) -> Resul
     auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
     prefix = f"native/c{clients}/"
 
-    def put_request(i: int, seq: int) -> Request:
+    def put_request(i: int, seq: int) -> LoadRequest:
         key = f"{prefix}t{i}/{seq}"
-        return Request("PUT", f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}", body=payload, headers=[auth],
+        return LoadRequest("PUT", f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}", body=payload, headers=[auth],
                        expect=(201,))
 
     stats = run_load(_address(url), put_request, clients, duration=duration, processes=True)
@@ -232,7 +178,7 @@ def native_put(url: str, clients: int, payload: bytes, duration: float) -> Resul
 
 def native_get(url: str, clients: int, keys: list[str], size: int, duration: float) -> Result:
     auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
-    gets = [Request("GET", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", headers=[auth]) for k in keys]
+    gets = [LoadRequest("GET", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", headers=[auth]) for k in keys]
     stats = run_load(_address(url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients, duration=duration,
                      body_buffer_bytes=size, processes=True)
     return Result(NATIVE, "GET", clients, stats)
@@ -243,7 +189,7 @@ def _address(url: str) -> Address:
     return host, int(port)
 
 
-def signed_request(url: str, method: str, key: str, body: bytes | None, expect: tuple[int, ...]) -> Request:
+def signed_request(url: str, method: str, key: str, body: bytes | None, expect: tuple[int, ...]) -> LoadRequest:
     """A SigV4 (UNSIGNED-PAYLOAD) request built by botocore's signer, replayable for 15 minutes."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
@@ -261,7 +207,7 @@ def signed_request(url: str, method: str, key: str, body: bytes | None, expect: 
 
     UnsignedPayloadAuth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(request)
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in ("content-length", "host")]
-    return Request(method, path, body=body, headers=headers, expect=expect)
+    return LoadRequest(method, path, body=body, headers=headers, expect=expect)
 
 
 def loadgen_s3_put(target: str, url: str, clients: int, payload: bytes, tag: str, count: int) -> Result:
@@ -354,7 +300,7 @@ def main(argv: list[str]) -> int:
     try:
         with contextlib.ExitStack() as stack:
             kvgw = stack.enter_context(kvgw_server(workdir, fsync=not args.no_fsync))
-            moto = None if args.skip_moto else stack.enter_context(moto_server(workdir))
+            moto = None if args.skip_moto else stack.enter_context(moto_s3(workdir))
             if moto is not None:
                 boto3_client(moto.url, MOTO_KEY, MOTO_KEY, 1).create_bucket(Bucket=BUCKET)
             size = len(payload)

@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 
-from gateway import wire
-from gateway.bench.trace_sim import BLOCK_TOKENS, Request, load_trace, simulate_named
+from gateway.bench.launcher import KvgwProcess, moto_server
+from gateway.bench.trace_sim import BLOCK_TOKENS, TraceRequest, load_trace, simulate_named
+from kvgw_client import wire
 
 ROOT_AK = "KVBENCHROOTACCESSKEY"
 ROOT_SK = "kvgw-bench-root-secret"
@@ -52,13 +54,6 @@ class Stats:
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -66,58 +61,32 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-class Gateway:
-    """A kvgw process for the replay (its own data dir, optional moto S3), stopped afterwards."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.dir = Path(tempfile.mkdtemp(prefix="kvgw-trace-", dir=args.data_dir))
-        self.port = _free_port()
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.env = dict(os.environ, KVGW_ROOT_ACCESS_KEY=ROOT_AK, KVGW_ROOT_SECRET_KEY=ROOT_SK,
-                        KVGW_LIFECYCLE_INTERVAL="0.05", KVGW_LIFECYCLE_BUDGET="4096", KVGW_FSYNC="false",
-                        KVGW_LOG_LEVEL="warning")
-
-    def start(self, capacity_blocks: int) -> str:
-        if self.args.s3:
-            s3_port = _free_port()
-            self.procs.append(subprocess.Popen(["moto_server", "-p", str(s3_port)], stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL))
-            self.env.update(KVGW_S3__ENDPOINT_URL=f"http://127.0.0.1:{s3_port}", KVGW_S3__BUCKET="kvgw-trace",
-                            KVGW_S3__ACCESS_KEY="testing", KVGW_S3__SECRET_KEY="testing",
-                            KVGW_S3__CREATE_BUCKET="true", KVGW_S3__ADDRESSING_STYLE="path")
-        capacity = capacity_blocks * self.args.block_bytes
-        cli = [sys.executable, "-m", "gateway.cli"]
-        subprocess.run([*cli, "bucket", "create", BUCKET, "--data-dir", str(self.dir),
-                        "--capacity-bytes", str(capacity), "--eviction-policy", self.args.policy,
-                        "--high-watermark", "1.0", "--low-watermark", "0.98"],
-                       env=self.env, check=True, stdout=subprocess.DEVNULL)
-        self.procs.append(subprocess.Popen(
-            [*cli, "serve", "--port", str(self.port), "--data-dir", str(self.dir)],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
-        url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("kvgw did not start")
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+@contextlib.contextmanager
+def trace_gateway(args: argparse.Namespace, capacity_blocks: int) -> Iterator[str]:
+    """A kvgw process for the replay (its own data dir, the bucket sized to ``capacity_blocks``,
+    optional moto S3); its URL. Stopped and removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix="kvgw-trace-", dir=args.data_dir))
+    env = {"KVGW_ROOT_ACCESS_KEY": ROOT_AK, "KVGW_ROOT_SECRET_KEY": ROOT_SK, "KVGW_LIFECYCLE_INTERVAL": "0.05",
+           "KVGW_LIFECYCLE_BUDGET": "4096", "KVGW_FSYNC": "false"}
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.s3:
+                s3_port, _ = stack.enter_context(moto_server(work / "moto.log"))
+                env.update(KVGW_S3__ENDPOINT_URL=f"http://127.0.0.1:{s3_port}", KVGW_S3__BUCKET="kvgw-trace",
+                           KVGW_S3__ACCESS_KEY="testing", KVGW_S3__SECRET_KEY="testing",
+                           KVGW_S3__CREATE_BUCKET="true", KVGW_S3__ADDRESSING_STYLE="path")
+            server = KvgwProcess(work / "data", env=env, log_path=work / "kvgw.log")
+            subprocess.run([sys.executable, "-m", "gateway.cli", "bucket", "create", BUCKET,
+                            "--data-dir", str(server.data_dir),
+                            "--capacity-bytes", str(capacity_blocks * args.block_bytes),
+                            "--eviction-policy", args.policy, "--high-watermark", "1.0", "--low-watermark", "0.98"],
+                           env=server.environment(), check=True, stdout=subprocess.DEVNULL)
+            yield stack.enter_context(server).url
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-async def _replay_one(client: httpx.AsyncClient, req: Request, capacity_blocks: int, trace: str,
+async def _replay_one(client: httpx.AsyncClient, req: TraceRequest, capacity_blocks: int, trace: str,
                       payload: bytes, stats: Stats) -> None:
     keys = [f"{trace}@{h}" for h in req.hash_ids]
     base = f"/v1/buckets/{BUCKET}"
@@ -149,7 +118,7 @@ async def _replay_one(client: httpx.AsyncClient, req: Request, capacity_blocks: 
         stats.error(type(exc).__name__)
 
 
-async def replay(url: str, requests: list[Request], args: argparse.Namespace, capacity_blocks: int) -> Stats:
+async def replay(url: str, requests: list[TraceRequest], args: argparse.Namespace, capacity_blocks: int) -> Stats:
     stats = Stats()
     payload = os.urandom(args.block_bytes)
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
@@ -193,15 +162,11 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     requests = load_trace(args.trace)[: args.max_requests]
     capacity_blocks = args.capacity_tokens // BLOCK_TOKENS
-    gateway = Gateway(args)
-    try:
-        url = gateway.start(capacity_blocks)
+    with trace_gateway(args, capacity_blocks) as url:
         started = time.monotonic()
         stats = asyncio.run(replay(url, requests, args, capacity_blocks))
         wall = time.monotonic() - started
         moved = httpx.get(f"{url}/v1/admin/stats", headers={"Authorization": f"Bearer {ROOT_AK}:{ROOT_SK}"}).json()
-    finally:
-        gateway.stop()
     sim = simulate_named(requests, args.policy, capacity_blocks).hit_rate
     online = stats.hit_tokens / stats.total_tokens if stats.total_tokens else 0.0
     result = {

@@ -49,6 +49,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import ClassVar, Generic, TypeVar
 
+from gateway.lifecycle.policy import reuse_density
 from gateway.lifecycle.policy_tree import LazyHeap, PrefixTree
 
 K = TypeVar("K", bound=Hashable)
@@ -78,9 +79,6 @@ def _bucket_bounds() -> list[int]:
 _LOW = _bucket_bounds()  # _LOW[b] <= age < _LOW[b + 1] for ages in bucket b
 _WIDTH = [_LOW[b + 1] - _LOW[b] for b in range(_NBUCKETS)]
 
-_MIN_CLOSED = 32  # intervals a class must have seen end before its density is trusted
-_MIN_AT_RISK = 20  # a bucket's hazard is measured only where this many intervals reached it
-_TAIL_BUCKETS = 4  # reliable buckets the constant tail hazard is measured over
 _KEEP_CLOSED = 32  # closed-interval counts are halved past this many per remembered key
 _WARMUP_TURNOVER = 0.5  # densities are trusted once this many evictions per cached key happened
 
@@ -111,48 +109,12 @@ class _ReuseStats:
             del self.open[epoch]
 
     def refresh(self, clock: int, shift: int, keep: float) -> None:
-        reused, censored = self.reused, self.censored
-        closed = sum(reused) + sum(censored)
-        if closed > keep:  # forget slowly so the estimate follows a changing workload
-            for b in range(_NBUCKETS):
-                reused[b] *= 0.5
-                censored[b] *= 0.5
-            closed *= 0.5
-        if closed < _MIN_CLOSED:
-            self.density = None
-            return
         opened = [0] * _NBUCKETS
         half = (1 << shift) >> 1
         for epoch, count in self.open.items():
             opened[_bucket(max(0, clock - ((epoch << shift) + half)))] += count
-        at_risk = [0.0] * (_NBUCKETS + 1)
-        for b in range(_NBUCKETS - 1, -1, -1):
-            at_risk[b] = at_risk[b + 1] + reused[b] + censored[b] + opened[b]
-        reliable = [b for b in range(_NBUCKETS) if at_risk[b] >= _MIN_AT_RISK]
-        last = reliable[-1] if reliable else -1
-        tail = reliable[-_TAIL_BUCKETS:]
-        exposure = sum(at_risk[b] * _WIDTH[b] for b in tail)
-        tail_rate = sum(reused[b] for b in tail) / exposure if exposure > 0 else 0.0
-        surv = [1.0] * (_NBUCKETS + 1)
-        for b in range(_NBUCKETS):
-            measured = b <= last
-            hazard = reused[b] / at_risk[b] if measured else 1.0 - math.exp(-tail_rate * _WIDTH[b])
-            surv[b + 1] = surv[b] * (1.0 - hazard)
-        density = [0.0] * _NBUCKETS
-        for a in range(_NBUCKETS):
-            alive = surv[a]
-            if alive <= 1e-12:
-                continue
-            best = occupancy = 0.0
-            for e in range(a, _NBUCKETS):
-                occupancy += _WIDTH[e] * (surv[e] + surv[e + 1]) * 0.5
-                rate = (alive - surv[e + 1]) / occupancy
-                if rate > best:
-                    best = rate
-                if surv[e + 1] < alive * 1e-4:
-                    break
-            density[a] = best
-        self.density = density
+        closed = sum(self.reused) + sum(self.censored)
+        self.density = reuse_density(self.reused, self.censored, opened, _WIDTH, closed=closed, keep=keep)[0]
 
 
 class HitDensityPolicy(Generic[K]):

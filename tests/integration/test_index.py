@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from backends.errors import IndexError_
-from backends.index import TIER_FS, ChunkIndex, IndexEntry, filesystem_type
-from gateway.keys import chunk_digest
+from backends.index import ChunkIndex, IndexEntry, filesystem_type
+from backends.tiers import TierId
+from kvgw_client.keys import chunk_digest
 
 
 def entry(key: str, size: int = 10, expires: float = 0.0) -> IndexEntry:
-    return IndexEntry("kvcache", key, size, 0xABCDEF, 1000.0, expires, 1000.0, 0, TIER_FS)
+    return IndexEntry("kvcache", key, size, 0xABCDEF, 1000.0, expires, 1000.0, 0, TierId.FS)
 
 
 async def test_put_get_delete_and_expiry(tmp_path: Path) -> None:
@@ -97,10 +97,14 @@ async def test_state_survives_reopen_and_stale_readers_are_cleared(tmp_path: Pat
     path = str(tmp_path / "idx")
     # Stale slots only survive while another process keeps the environment open (the first opener
     # resets the lock table), so: a holder process, and a reader that dies inside a transaction.
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(path=path)], stdout=subprocess.PIPE)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == b"ready"
-    dead = subprocess.run([sys.executable, "-c", DIE_READING.format(path=path)], capture_output=True, check=True)
-    dead_pid = dead.stdout.decode().strip()
+    holder = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLD.format(path=path),
+                                                  stdout=asyncio.subprocess.PIPE)
+    assert holder.stdout is not None and (await holder.stdout.readline()).strip() == b"ready"
+    dead = await asyncio.create_subprocess_exec(sys.executable, "-c", DIE_READING.format(path=path),
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await dead.communicate()
+    assert dead.returncode == 0
+    dead_pid = out.decode().strip()
     try:
         reopened = ChunkIndex(tmp_path / "idx")
         try:
@@ -110,7 +114,7 @@ async def test_state_survives_reopen_and_stale_readers_are_cleared(tmp_path: Pat
             reopened.close()
     finally:
         holder.kill()
-        holder.wait()
+        await holder.wait()
 
 
 HOLD = """

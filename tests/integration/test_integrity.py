@@ -13,9 +13,9 @@ import httpx
 import lmdb
 import pytest
 
-from gateway import wire
 from gateway.cli import main as kvgw
-from gateway.keys import chunk_digest
+from kvgw_client import wire
+from kvgw_client.keys import chunk_digest
 from tests.conftest import ServerProcess
 
 

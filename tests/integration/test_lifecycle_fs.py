@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from backends.catalog.store import BucketPolicy
+from backends.tiers import TierId
 from gateway.config import load_settings
-from gateway.keys import chunk_digest
 from gateway.runtime import Gateway
+from kvgw_client.keys import chunk_digest
+from tests.conftest import wait_for_async
 
 
 class Clock:
@@ -32,10 +34,17 @@ def clock() -> Clock:
 @pytest.fixture
 def gateway(tmp_path: Path, clock: Clock) -> Iterator[Gateway]:
     settings = load_settings(data_dir=tmp_path / "data", lifecycle_interval=3600.0, fsync=False)
-    gw = Gateway(settings)
-    gw.service.clock = clock
+    gw = Gateway(settings, clock=clock)
     yield gw
     gw.close()
+
+
+async def start(gw: Gateway) -> None:
+    """Start, then let the cluster settle: a new index is resynced with the tier and the shared usage
+    ledger recounted in the background, which would race with the test's first writes."""
+    await gw.start()
+    await wait_for_async(lambda: gw.cluster.subscriber.caught_up_at and not gw.cluster.resyncing,
+                         "the cluster feed caught up")
 
 
 async def body(data: bytes) -> AsyncIterator[bytes]:
@@ -77,7 +86,7 @@ def survivors(gw: Gateway, bucket: BucketPolicy, keys: str) -> str:
 
 
 async def test_ttl_expiry_reclaims_bytes_within_a_pass(gateway: Gateway, clock: Clock) -> None:
-    await gateway.start()
+    await start(gateway)
     try:
         bucket = await gateway.service.bucket("kvcache")
         await put(gateway, bucket, "short", ttl=5)
@@ -98,7 +107,7 @@ async def test_ttl_expiry_reclaims_bytes_within_a_pass(gateway: Gateway, clock: 
 async def test_bucket_default_ttl(gateway: Gateway, clock: Clock) -> None:
     gateway.catalog.update_bucket(replace(await gateway.service.bucket("kvcache"), default_ttl_seconds=10))
     gateway.directory.load()
-    await gateway.start()
+    await start(gateway)
     try:
         bucket = await gateway.service.bucket("kvcache")
         await put(gateway, bucket, "k")
@@ -120,7 +129,7 @@ async def test_bucket_default_ttl(gateway: Gateway, clock: Clock) -> None:
 async def test_eviction_order_without_s3_deletes_in_policy_order(
     gateway: Gateway, clock: Clock, policy: str, reads: str, expected: str
 ) -> None:
-    await gateway.start()
+    await start(gateway)
     try:
         bucket = await make_bucket(gateway, f"b-{policy}", policy)
         await fill(gateway, clock, bucket, "abcdefghi")  # 9000 bytes: at, not over, the high mark
@@ -128,7 +137,7 @@ async def test_eviction_order_without_s3_deletes_in_policy_order(
         await fill(gateway, clock, bucket, "j")  # 10 000 bytes > 9000
         report = await gateway.lifecycle.run_pass()
         assert report.evicted == 2
-        assert gateway.lifecycle.usage(bucket.name, 1) == 8000
+        assert gateway.ledgers.usage(bucket.name, TierId.FS) == 8000
         assert survivors(gateway, bucket, "abcdefghij") == expected
         for gone in sorted(set("abcdefghij") - set(expected)):
             assert await gateway.service.lookup(bucket, gone) is None
@@ -140,7 +149,7 @@ async def test_eviction_order_without_s3_deletes_in_policy_order(
 async def test_prefix_aware_policy_never_evicts_a_chunk_with_a_cached_descendant(
     gateway: Gateway, clock: Clock, policy: str
 ) -> None:
-    await gateway.start()
+    await start(gateway)
     try:
         bucket = await make_bucket(gateway, f"b-{policy}", policy)
         # chain a <- b <- c <- d (parent links from PUT), then unrelated x, y, z, w, v, u
@@ -160,7 +169,7 @@ async def test_prefix_aware_policy_never_evicts_a_chunk_with_a_cached_descendant
 
 
 async def test_chains_learnt_from_prefix_calls(gateway: Gateway, clock: Clock) -> None:
-    await gateway.start()
+    await start(gateway)
     try:
         bucket = await make_bucket(gateway, "b-learn", "prefix-lru")
         await fill(gateway, clock, bucket, "abcdxyzwvu")
@@ -175,20 +184,18 @@ async def test_chains_learnt_from_prefix_calls(gateway: Gateway, clock: Clock) -
 
 async def test_engine_state_is_rebuilt_from_the_index_at_start(tmp_path: Path, clock: Clock) -> None:
     settings = load_settings(data_dir=tmp_path / "data", lifecycle_interval=3600.0, fsync=False)
-    first = Gateway(settings)
-    first.service.clock = clock
-    await first.start()
+    first = Gateway(settings, clock=clock)
+    await start(first)
     bucket = await make_bucket(first, "b-restart", "lru")
     await fill(first, clock, bucket, "abcdefghi")
     await read(first, clock, bucket, "a")
     await first.stop()
     first.close()
 
-    second = Gateway(settings)
-    second.service.clock = clock
-    await second.start()
+    second = Gateway(settings, clock=clock)
+    await start(second)
     try:
-        assert second.lifecycle.usage("b-restart", 1) == 9000
+        assert second.ledgers.usage("b-restart", TierId.FS) == 9000
         await fill(second, clock, bucket, "j")
         await second.lifecycle.run_pass()
         assert survivors(second, bucket, "abcdefghij") == "adefghij"
@@ -198,7 +205,7 @@ async def test_engine_state_is_rebuilt_from_the_index_at_start(tmp_path: Path, c
 
 
 async def test_touches_of_direct_reads_count_for_eviction(gateway: Gateway, clock: Clock) -> None:
-    await gateway.start()
+    await start(gateway)
     try:
         bucket = await make_bucket(gateway, "b-touch", "lru")
         await fill(gateway, clock, bucket, "abcdefghi")
@@ -207,5 +214,59 @@ async def test_touches_of_direct_reads_count_for_eviction(gateway: Gateway, cloc
         await fill(gateway, clock, bucket, "j")
         await gateway.lifecycle.run_pass()
         assert survivors(gateway, bucket, "abcdefghij") == "abefghij"
+    finally:
+        await gateway.stop()
+
+
+class Term:
+    """A leadership whose remaining term the test sets."""
+
+    def __init__(self, left: float) -> None:
+        self.left = left
+
+    def valid_for(self) -> float:
+        return self.left
+
+    def is_leader(self) -> bool:
+        return self.left > 0
+
+    def status(self) -> dict[str, object]:
+        return {"leader": self.is_leader()}
+
+
+async def test_only_a_leader_with_time_left_evicts_or_expires(gateway: Gateway, clock: Clock) -> None:
+    """Fencing: a process that does not lead, or whose term ends within the fence margin, starts no
+    destructive batch; once it leads with time to spare, it does."""
+    await start(gateway)
+    try:
+        bucket = await make_bucket(gateway, "b-fence", "lru")
+        await fill(gateway, clock, bucket, "abcdefghij")  # over the high mark
+        await put(gateway, await gateway.service.bucket("kvcache"), "ttl", ttl=1)
+        clock.now += 5
+        term = Term(0.0)
+        gateway.lifecycle.leader = term
+        for left in (0.0, gateway.lifecycle.fence_margin / 2):
+            term.left = left
+            report = await gateway.lifecycle.run_pass()
+            assert not report.leading and report.evicted == 0 and report.expired == 0
+            assert survivors(gateway, bucket, "abcdefghij") == "abcdefghij" and on_disk(gateway, "kvcache", "ttl")
+        term.left = 10.0
+        report = await gateway.lifecycle.run_pass()
+        assert report.leading and report.evicted == 2 and report.expired == 1
+        assert not on_disk(gateway, "kvcache", "ttl")
+    finally:
+        await gateway.stop()
+
+
+async def test_past_the_high_watermark_eviction_goes_on_to_the_low_one_across_passes(
+        gateway: Gateway, clock: Clock) -> None:
+    await start(gateway)
+    try:
+        bucket = await make_bucket(gateway, "b-drain", "lru")
+        await fill(gateway, clock, bucket, "abcdefghij")  # 10 000 bytes: over the high mark (9000)
+        gateway.lifecycle.budget = 1
+        evicted = [(await gateway.lifecycle.run_pass()).evicted for _ in range(4)]
+        assert evicted == [1, 1, 0, 0]  # 9000 is not over the high mark, but not yet down to the low
+        assert survivors(gateway, bucket, "abcdefghij") == "cdefghij"
     finally:
         await gateway.stop()

@@ -1,4 +1,5 @@
-"""Tiering with a real S3 server (moto over HTTP): demotion, promotion, write-through, S3 outages."""
+"""Tiering with real S3 servers: demotion, promotion, write-through, S3 outages; every test runs against
+moto over HTTP (or ``KVGW_TEST_S3_ENDPOINT``) and against Ceph RGW (``tests/rgw``)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import httpx
 import pytest
 
 from backends.catalog.store import BucketPolicy
-from backends.index import TIER_FS, TIER_S3
+from backends.tiers import TierId
 from gateway.config import load_settings
 from gateway.errors import ServiceUnavailable
-from gateway.keys import chunk_digest
 from gateway.runtime import Gateway
-from tests.conftest import ServerProcess
+from kvgw_client.keys import chunk_digest
+from tests.conftest import ServerProcess, wait_for_async
+from tests.integration.test_lifecycle_fs import start
+from tests.rgw.fixtures import S3_SERVERS, STOPPABLE_S3, s3_endpoint_of, stoppable_s3_of
 from tests.s3server import S3Endpoint
 
 
@@ -32,9 +35,20 @@ class Clock:
 
 def make_gateway(tmp_path: Path, s3: Any, clock: Clock, name: str = "data") -> Gateway:
     settings = load_settings(data_dir=tmp_path / name, lifecycle_interval=3600.0, fsync=False, s3=s3)
-    gw = Gateway(settings)
-    gw.service.clock = clock
+    gw = Gateway(settings, clock=clock)
     return gw
+
+
+@pytest.fixture(params=S3_SERVERS)
+def s3_endpoint(request: pytest.FixtureRequest) -> S3Endpoint:
+    """Here ``s3_endpoint`` (and ``s3_bucket`` on it) is each S3 server in turn."""
+    return s3_endpoint_of(request, request.param)
+
+
+@pytest.fixture(params=STOPPABLE_S3)
+def outage_s3(request: pytest.FixtureRequest) -> S3Endpoint:
+    """A server the test may pause, stop and start (private moto, or radosgw), bucket ``kvgw-private``."""
+    return stoppable_s3_of(request, request.param)
 
 
 @pytest.fixture
@@ -50,7 +64,7 @@ def s3_settings(s3_endpoint: S3Endpoint, s3_bucket: str) -> Any:
 @pytest.fixture
 async def gateway(tmp_path: Path, s3_settings: Any, clock: Clock) -> AsyncIterator[Gateway]:
     gw = make_gateway(tmp_path, s3_settings, clock)
-    await gw.start()
+    await start(gw)  # the new index's resync and usage recount done before the test writes
     yield gw
     await gw.stop()
     gw.close()
@@ -79,8 +93,9 @@ def placed(gw: Gateway, bucket: str, key: str) -> int:
 
 
 def in_s3(endpoint: S3Endpoint, s3_bucket: str, bucket: str, key: str) -> bool:
-    listing = endpoint.admin().list_objects_v2(Bucket=s3_bucket, Prefix=f"chunks/{chunk_digest(bucket, key).hex()}")
-    return listing.get("KeyCount", 0) == 1
+    name = f"chunks/{chunk_digest(bucket, key).hex()}"  # the chunk object (a manifest: its data beside it)
+    listing = endpoint.admin().list_objects_v2(Bucket=s3_bucket, Prefix=name)
+    return name in [o["Key"] for o in listing.get("Contents", [])]
 
 
 def on_disk(gw: Gateway, bucket: str, key: str) -> bool:
@@ -104,16 +119,16 @@ async def test_demotion_then_promotion_on_read(gateway: Gateway, clock: Clock, s
     report = await gateway.lifecycle.run_pass()
     assert report.demoted == 2 and report.evicted == 0
     for key in ("k0", "k1"):  # the two least recently used went to S3, bytes verified, local copy gone
-        assert placed(gateway, "tiered", key) == TIER_S3
+        assert placed(gateway, "tiered", key) == TierId.S3
         assert not on_disk(gateway, "tiered", key)
         assert in_s3(s3_endpoint, s3_bucket, "tiered", key)
-    assert placed(gateway, "tiered", "k2") == TIER_FS and on_disk(gateway, "tiered", "k2")
+    assert placed(gateway, "tiered", "k2") == TierId.FS and on_disk(gateway, "tiered", "k2")
     # a read of an S3-only chunk copies it back first, then serves it from the filesystem tier
     assert await get(gateway, bucket, "k0") == blobs["k0"]
-    assert placed(gateway, "tiered", "k0") == TIER_FS | TIER_S3
+    assert placed(gateway, "tiered", "k0") == TierId.FS | TierId.S3
     assert on_disk(gateway, "tiered", "k0")
-    assert gateway.service.moved_bytes["s3->fs"] == 100_000
-    assert gateway.service.moved_bytes["fs->s3"] == 200_000
+    assert gateway.mover.moved_bytes["s3->fs"] == 100_000
+    assert gateway.mover.moved_bytes["fs->s3"] == 200_000
 
 
 async def test_concurrent_reads_of_a_cold_chunk_fetch_it_once(gateway: Gateway, clock: Clock) -> None:
@@ -122,12 +137,12 @@ async def test_concurrent_reads_of_a_cold_chunk_fetch_it_once(gateway: Gateway, 
     await put(gateway, bucket, "cold", data)
     entry = gateway.index.get(chunk_digest("cold", "cold"))
     assert entry is not None
-    await gateway.service.demote(chunk_digest("cold", "cold"), entry)
-    assert placed(gateway, "cold", "cold") == TIER_S3
+    await gateway.mover.demote(chunk_digest("cold", "cold"), entry)
+    assert placed(gateway, "cold", "cold") == TierId.S3
     results = await asyncio.gather(*(get(gateway, bucket, "cold") for _ in range(12)))
     assert all(r == data for r in results)
-    assert gateway.service.promotions == 1
-    assert gateway.service.moved_bytes["s3->fs"] == len(data)
+    assert gateway.mover.promotions == 1
+    assert gateway.mover.moved_bytes["s3->fs"] == len(data)
 
 
 async def test_prefetch_stages_s3_chunks_ahead_of_reads(gateway: Gateway) -> None:
@@ -137,13 +152,14 @@ async def test_prefetch_stages_s3_chunks_ahead_of_reads(gateway: Gateway) -> Non
         await put(gateway, bucket, key, key.encode() * 1000)
         entry = gateway.index.get(chunk_digest("pf", key))
         assert entry is not None
-        await gateway.service.demote(chunk_digest("pf", key), entry)
+        await gateway.mover.demote(chunk_digest("pf", key), entry)
     result = await gateway.service.prefetch(bucket, [*keys, "absent"])
     assert (result.accepted, result.local, result.missing) == (4, 0, 1)
-    deadline = time.monotonic() + 10
-    while not all([on_disk(gateway, "pf", k) for k in keys]) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert all(placed(gateway, "pf", k) == TIER_FS | TIER_S3 for k in keys)
+    # a promotion is done when the index records the copy (after publishing it, the mover checks
+    # that the S3 copy was not deleted meanwhile)
+    await wait_for_async(lambda: all(placed(gateway, "pf", k) == TierId.FS | TierId.S3 for k in keys),
+                         "prefetched chunks indexed in both tiers")
+    assert all(on_disk(gateway, "pf", k) for k in keys)
     again = await gateway.service.prefetch(bucket, keys)
     assert again.local == 4 and again.accepted == 0
 
@@ -154,7 +170,7 @@ async def test_locate_gives_file_paths_only_for_filesystem_copies(gateway: Gatew
     await put(gateway, bucket, "remote", b"r" * 2000)
     entry = gateway.index.get(chunk_digest("loc", "remote"))
     assert entry is not None
-    await gateway.service.demote(chunk_digest("loc", "remote"), entry)
+    await gateway.mover.demote(chunk_digest("loc", "remote"), entry)
     local, remote, absent = await gateway.service.locate(bucket, ["local", "remote", "absent"])
     assert absent is None
     assert local is not None and local.path is not None and local.info.size == 1000
@@ -167,7 +183,7 @@ async def test_write_tier_s3(gateway: Gateway, s3_endpoint: S3Endpoint, s3_bucke
     bucket = await make_bucket(gateway, "direct", write_tier="s3")
     data = os.urandom(20 << 20)  # above the S3 tier's part size: a multipart upload
     await put(gateway, bucket, "big", data)
-    assert placed(gateway, "direct", "big") == TIER_S3
+    assert placed(gateway, "direct", "big") == TierId.S3
     assert not on_disk(gateway, "direct", "big")
     assert in_s3(s3_endpoint, s3_bucket, "direct", "big")
     assert await get(gateway, bucket, "big") == data
@@ -182,7 +198,7 @@ async def test_write_through_queue_is_bounded(gateway: Gateway) -> None:
     assert gateway.service.write_through_skipped == 2
     await gateway.lifecycle.run_pass()
     assert gateway.index.pending_count() == 0
-    assert [placed(gateway, "bounded", f"b{i}") for i in range(5)] == [TIER_FS | TIER_S3] * 3 + [TIER_FS] * 2
+    assert [placed(gateway, "bounded", f"b{i}") for i in range(5)] == [TierId.FS | TierId.S3] * 3 + [TierId.FS] * 2
 
 
 async def test_ttl_reclaims_s3_copies_too(gateway: Gateway, clock: Clock, s3_endpoint: S3Endpoint,
@@ -190,7 +206,7 @@ async def test_ttl_reclaims_s3_copies_too(gateway: Gateway, clock: Clock, s3_end
     bucket = await make_bucket(gateway, "ttl", write_through=True)
     await put(gateway, bucket, "t", b"x" * 1000, ttl=10)
     await gateway.lifecycle.run_pass()
-    assert placed(gateway, "ttl", "t") == TIER_FS | TIER_S3
+    assert placed(gateway, "ttl", "t") == TierId.FS | TierId.S3
     clock.now += 11
     report = await gateway.lifecycle.run_pass()
     assert report.expired == 1
@@ -209,17 +225,17 @@ async def test_s3_tier_capacity_evicts_from_s3(gateway: Gateway, clock: Clock) -
 
 
 async def test_write_through_survives_an_outage_and_a_restart(
-    tmp_path: Path, moto_server: S3Endpoint, clock: Clock
+    tmp_path: Path, outage_s3: S3Endpoint, clock: Clock
 ) -> None:
     """Write-through queued while S3 is down waits (on disk), survives a gateway restart, then runs."""
-    assert moto_server.server is not None
-    s3 = moto_server.settings("kvgw-private", breaker_cooldown=0.2, operation_timeout=2.0, connect_timeout=0.5,
+    assert outage_s3.server is not None
+    s3 = outage_s3.settings("kvgw-private", breaker_cooldown=0.2, operation_timeout=2.0, connect_timeout=0.5,
                               max_attempts=1)
     gw = make_gateway(tmp_path, s3, clock)
     await gw.start()
     bucket = await make_bucket(gw, "wt", write_through=True)
     data = {f"w{i}": os.urandom(50_000) for i in range(5)}
-    moto_server.server.pause()  # S3 unreachable: connections hang, every call hits its deadline
+    outage_s3.server.pause()  # S3 unreachable: connections hang, every call hits its deadline
     try:
         for key, blob in data.items():
             await put(gw, bucket, key, blob)  # filesystem writes go on
@@ -228,7 +244,7 @@ async def test_write_through_survives_an_outage_and_a_restart(
         assert gw.index.pending_count() == 5
         assert all([await get(gw, bucket, k) == v for k, v in data.items()])  # filesystem reads go on
     finally:
-        moto_server.server.resume()
+        outage_s3.server.resume()
     await gw.stop()
     gw.close()
 
@@ -242,15 +258,15 @@ async def test_write_through_survives_an_outage_and_a_restart(
             await gw.lifecycle.run_pass()
             await asyncio.sleep(0.1)
         assert gw.index.pending_count() == 0
-        assert all([placed(gw, "wt", k) == TIER_FS | TIER_S3 for k in data])
+        assert all([placed(gw, "wt", k) == TierId.FS | TierId.S3 for k in data])
     finally:
         await gw.stop()
         gw.close()
 
 
-async def test_s3_outage_fails_fast_and_loses_nothing(tmp_path: Path, moto_server: S3Endpoint, clock: Clock) -> None:
-    assert moto_server.server is not None
-    s3 = moto_server.settings("kvgw-private", breaker_cooldown=1.0, operation_timeout=2.0, connect_timeout=0.5,
+async def test_s3_outage_fails_fast_and_loses_nothing(tmp_path: Path, outage_s3: S3Endpoint, clock: Clock) -> None:
+    assert outage_s3.server is not None
+    s3 = outage_s3.settings("kvgw-private", breaker_cooldown=1.0, operation_timeout=2.0, connect_timeout=0.5,
                               max_attempts=1)
     gw = make_gateway(tmp_path, s3, clock)
     await gw.start()
@@ -262,8 +278,8 @@ async def test_s3_outage_fails_fast_and_loses_nothing(tmp_path: Path, moto_serve
             await put(gw, bucket, key, blob)
         entry = gw.index.get(chunk_digest("out", "o0"))
         assert entry is not None
-        await gw.service.demote(chunk_digest("out", "o0"), entry)  # o0 now only in S3
-        moto_server.server.stop()  # connection refused from now on
+        await gw.mover.demote(chunk_digest("out", "o0"), entry)  # o0 now only in S3
+        outage_s3.server.stop()  # connection refused from now on
         # reads of the S3-only chunk fail fast with 503
         started = time.monotonic()
         for _ in range(3):

@@ -17,11 +17,14 @@ import httpx
 import pytest
 import xxhash
 
-from gateway import wire
 from gateway.cli import main
+from kvgw_client import wire
 from tests.conftest import ServerProcess
 
 KEY = "meta-llama/Llama-3-8B@1@0@a1b2c3d4@bfloat16"
+
+DISK_ONLY = {"KVGW_DEFAULT_CAPACITY_FRACTION": "0"}
+"""No default capacity: these tests are about the disk itself filling up, not eviction."""
 
 
 def chunk_files(server: ServerProcess) -> list[Path]:
@@ -309,7 +312,7 @@ def test_stalled_body_times_out(server_factory: type[ServerProcess], tmp_path: P
 
 def test_disk_full_is_507_and_stores_nothing(server_factory: type[ServerProcess], tmp_path: Path,
                                               small_fs: Path) -> None:
-    server = server_factory(data_dir=tmp_path / "d", env={"KVGW_FS_ROOT": str(small_fs)}).start()
+    server = server_factory(data_dir=tmp_path / "d", env=DISK_ONLY | {"KVGW_FS_ROOT": str(small_fs)}).start()
     with httpx.Client(headers=server.auth, timeout=30) as c:
         assert c.put(server.chunk_url("small"), content=os.urandom(1 << 20)).status_code == 201
         r = c.put(server.chunk_url(KEY), content=os.urandom(12 << 20))

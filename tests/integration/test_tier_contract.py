@@ -1,6 +1,7 @@
 """One contract, every tier: the behaviour ``gateway.service`` relies on, run over the POSIX tier on a
-temporary directory and the S3 tier against a real S3 server (moto over HTTP, or
-``KVGW_TEST_S3_ENDPOINT``).
+temporary directory, the S3 tier against real S3 servers (moto over HTTP, or ``KVGW_TEST_S3_ENDPOINT``;
+and Ceph RGW, ``tests/rgw``), the memory tier, and the fault-injecting wrapper over the memory tier with
+no fault injected (the wrapper must be transparent).
 
 A tier case also knows how to reach its storage behind the tier's back (a second instance on the same
 storage, raw damage to a chunk), which is what crash and scrub behaviour needs.
@@ -20,10 +21,13 @@ import xxhash
 
 from backends.base import ChunkMeta, Tier
 from backends.errors import ChunkNotFound
+from backends.faulty import FaultyTier
+from backends.memory import MemoryStore, MemoryTier
 from backends.posix import PosixTier
 from backends.s3 import S3Tier
-from gateway.keys import chunk_digest
+from kvgw_client.keys import chunk_digest
 from tests import s3server
+from tests.rgw.fixtures import S3_SERVERS, s3_endpoint_of
 from tests.s3server import S3Endpoint
 
 # The fixtures, until tests/conftest.py re-exports them (then these lines only cost a moto process).
@@ -66,9 +70,10 @@ async def scanned(tier: Tier) -> dict[bytes, ChunkMeta | None]:
     return {digest: meta async for digest, meta in tier.scan()}
 
 
-@pytest.fixture(params=["posix", "s3"])
+@pytest.fixture(params=["posix", *S3_SERVERS, "memory", "faulty-memory"])
 async def case(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TierCase]:
     opened: list[Tier] = []
+    dropped: list[Callable[[], None]] = []  # after the tiers are closed
     if request.param == "posix":
         root = tmp_path / "tier"
 
@@ -82,9 +87,22 @@ async def case(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
             path.write_bytes(path.read_bytes()[:-3])
 
         yield TierCase(await reopen_posix(), reopen_posix, damage_file)
+    elif request.param in ("memory", "faulty-memory"):
+        store = MemoryStore()
+        wrapped = request.param == "faulty-memory"
+
+        async def reopen_memory() -> Tier:
+            tier: Tier = MemoryTier(store)
+            if wrapped:
+                tier = FaultyTier(tier)
+            opened.append(tier)
+            return tier
+
+        yield TierCase(await reopen_memory(), reopen_memory, store.damage)
     else:
-        endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
-        bucket: str = request.getfixturevalue("s3_bucket")
+        endpoint: S3Endpoint = s3_endpoint_of(request, request.param)
+        bucket = endpoint.create_bucket()
+        dropped.append(lambda: endpoint.drop_bucket(bucket))
         settings = endpoint.settings(bucket, part_size=PART)
 
         async def reopen_s3() -> Tier:
@@ -101,6 +119,8 @@ async def case(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         yield TierCase(await reopen_s3(), reopen_s3, damage_object)
     for tier in opened:
         await tier.close()
+    for drop in dropped:
+        drop()
 
 
 @pytest.mark.parametrize("size", [0, 1, PART - 1, PART, 3 * PART + 5])

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import socket
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gateway.bench.loadgen import HttpConnection, Op, Request, percentile, request_once, run_load, run_ops
+from gateway.bench.loadgen import HttpConnection, LoadRequest, Op, percentile, request_once, run_load, run_ops
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -102,6 +103,30 @@ def server() -> Iterator[TinyServer]:
     srv.server_close()
 
 
+class ThreadClock:
+    """A fake clock per thread (each client's own timeline, from 0): an op "takes" time by advancing
+    its thread's clock, so the driver's deadline and rates are exact whatever the machine's load.
+    A forked client process starts from the forking thread's time, 0 here, as the barrier does."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        now: float = getattr(self._local, "now", 0.0)
+        return now
+
+    def advance(self, seconds: float) -> None:
+        self._local.now = self() + seconds
+
+
+def wait_for_peer_close(sock: socket.socket | None, timeout: float = 30.0) -> None:
+    """Until the peer's FIN has arrived on ``sock``: readable, and a peek reads end of stream."""
+    assert sock is not None
+    readable, _, _ = select.select([sock], [], [], timeout)
+    assert readable, f"the server did not close the connection within {timeout} s"
+    assert sock.recv(1, socket.MSG_PEEK) == b"", "the server sent bytes instead of closing"
+
+
 def connections_during(server: TinyServer) -> int:
     with server.lock:
         return server.connections
@@ -109,7 +134,7 @@ def connections_during(server: TinyServer) -> int:
 
 def test_bytes_counted_and_connections_kept_alive(server: TinyServer) -> None:
     before = connections_during(server)
-    req = Request("GET", "/bytes/100000")
+    req = LoadRequest("GET", "/bytes/100000")
     # a body buffer smaller than the body: it streams through (wraps) and is still fully counted
     stats = run_load(server.address, lambda i, seq: req, 2, count=40, body_buffer_bytes=4096)
     assert (stats.ops, stats.errors, stats.bytes) == (40, 0, 40 * 100_000)
@@ -122,9 +147,9 @@ def test_bytes_counted_and_connections_kept_alive(server: TinyServer) -> None:
 def test_small_body_kept_in_the_buffer(server: TinyServer) -> None:
     conn = HttpConnection(server.address, body_buffer_bytes=1024)
     try:
-        assert conn.request(Request("GET", "/bytes/10")) == (200, 10)
+        assert conn.request(LoadRequest("GET", "/bytes/10")) == (200, 10)
         assert conn.body is not None and bytes(conn.body) == b"x" * 10
-        assert conn.request(Request("GET", "/bytes/5000")) == (200, 5000)
+        assert conn.request(LoadRequest("GET", "/bytes/5000")) == (200, 5000)
         assert conn.body is None  # did not fit: only the length is known
         assert conn.connects == 1
     finally:
@@ -133,7 +158,8 @@ def test_small_body_kept_in_the_buffer(server: TinyServer) -> None:
 
 def test_put_body_sent_from_the_callers_buffer(server: TinyServer) -> None:
     payload = bytearray(b"p" * 300_000)  # above the small-body threshold: head and body sent separately
-    reqs = [Request("PUT", "/sink", body=payload, expect=(201,)), Request("PUT", "/sink", body=b"tiny", expect=(201,))]
+    reqs = [LoadRequest("PUT", "/sink", body=payload, expect=(201,)),
+            LoadRequest("PUT", "/sink", body=b"tiny", expect=(201,))]
     conn = HttpConnection(server.address)
     try:
         for req in reqs:
@@ -151,9 +177,9 @@ def test_put_body_sent_from_the_callers_buffer(server: TinyServer) -> None:
 def test_chunked_body_then_keep_alive(server: TinyServer) -> None:
     conn = HttpConnection(server.address)
     try:
-        assert conn.request(Request("GET", "/chunked/5500")) == (200, 5500)
+        assert conn.request(LoadRequest("GET", "/chunked/5500")) == (200, 5500)
         assert conn.body is not None and bytes(conn.body) == bytes(i % 251 for i in range(5500))
-        assert conn.request(Request("GET", "/bytes/7")) == (200, 7)
+        assert conn.request(LoadRequest("GET", "/bytes/7")) == (200, 7)
         assert conn.connects == 1
     finally:
         conn.close()
@@ -162,47 +188,48 @@ def test_chunked_body_then_keep_alive(server: TinyServer) -> None:
 def test_head_has_no_body(server: TinyServer) -> None:
     conn = HttpConnection(server.address)
     try:
-        assert conn.request(Request("HEAD", "/bytes/100000")) == (200, 0)
-        assert conn.request(Request("GET", "/bytes/3")) == (200, 3)
+        assert conn.request(LoadRequest("HEAD", "/bytes/100000")) == (200, 0)
+        assert conn.request(LoadRequest("GET", "/bytes/3")) == (200, 3)
         assert conn.connects == 1
     finally:
         conn.close()
 
 
 def test_unexpected_statuses_are_counted_as_errors(server: TinyServer) -> None:
-    ok, missing = Request("GET", "/bytes/10"), Request("GET", "/status/404")
+    ok, missing = LoadRequest("GET", "/bytes/10"), LoadRequest("GET", "/status/404")
     stats = run_load(server.address, lambda i, seq: missing if seq % 3 == 0 else ok, 1, count=30)
     assert (stats.ops, stats.errors) == (20, 10)
     assert stats.bytes == 20 * 10  # failed operations move no counted bytes
     assert stats.statuses == {200: 20, 404: 10}
     assert any("404" in s and "nope" in s for s in stats.error_samples)
     assert stats.connects == 1  # a complete error response leaves the connection usable
-    tolerated = run_load(server.address, lambda i, seq: Request("GET", "/status/404", expect=(200, 404)), 1, count=3)
+    tolerated = run_load(server.address, lambda i, seq: LoadRequest("GET", "/status/404", expect=(200, 404)), 1,
+                         count=3)
     assert (tolerated.ops, tolerated.errors) == (3, 0)
 
 
 def test_connection_close_and_eof_delimited_bodies(server: TinyServer) -> None:
-    stats = run_load(server.address, lambda i, seq: Request("GET", "/close/100"), 1, count=3)
+    stats = run_load(server.address, lambda i, seq: LoadRequest("GET", "/close/100"), 1, count=3)
     assert (stats.ops, stats.errors, stats.bytes, stats.connects) == (3, 0, 300, 3)
-    stats = run_load(server.address, lambda i, seq: Request("GET", "/eof/123456"), 1, count=2)
+    stats = run_load(server.address, lambda i, seq: LoadRequest("GET", "/eof/123456"), 1, count=2)
     assert (stats.ops, stats.errors, stats.bytes, stats.connects) == (2, 0, 2 * 123456, 2)
 
 
 def test_idle_close_is_retried_once(server: TinyServer) -> None:
     conn = HttpConnection(server.address)
     try:
-        assert conn.request(Request("GET", "/silent-close/5")) == (200, 5)
-        time.sleep(0.05)  # the server has closed its end by now
-        assert conn.request(Request("GET", "/bytes/4")) == (200, 4)
+        assert conn.request(LoadRequest("GET", "/silent-close/5")) == (200, 5)
+        wait_for_peer_close(conn.sock)  # the server has closed its end: the next request meets EOF
+        assert conn.request(LoadRequest("GET", "/bytes/4")) == (200, 4)
         assert conn.connects == 2
     finally:
         conn.close()
 
 
 def test_unreachable_target_is_an_error_not_a_hang() -> None:
-    from gateway.bench.baselines import free_port
+    from gateway.bench.launcher import free_port
 
-    stats = run_load(("127.0.0.1", free_port()), lambda i, seq: Request("GET", "/"), 2, duration=0.2)
+    stats = run_load(("127.0.0.1", free_port()), lambda i, seq: LoadRequest("GET", "/"), 2, duration=0.2)
     assert stats.ops == 0 and stats.errors == 2
     assert all("ConnectionRefused" in s for s in stats.error_samples)
 
@@ -223,64 +250,71 @@ def test_run_ops_duration_and_tickets() -> None:
     assert sorted(seq for _, seq in seen) == list(range(10))  # each ticket once across clients
     assert (stats.ops, stats.errors, stats.bytes) == (9, 1, 9)
     seen.clear()
+    clock = ThreadClock()
+
     def sleeper(i: int) -> Op:
         def op(seq: int) -> int:
-            time.sleep(0.01)
+            clock.advance(0.5)
             return 0
 
         return op
 
-    stats = run_ops(sleeper, 2, duration=0.2)
-    assert 10 <= stats.ops <= 45 and 0.19 <= stats.elapsed < 1.0
-    assert 50 < stats.ops_per_s <= 210  # two clients, at most 100 ops/s each
-    with pytest.raises(ValueError):
+    stats = run_ops(sleeper, 2, duration=10.0, clock=clock)
+    assert stats.ops == 40 and stats.elapsed == 10.0 and stats.window == 10.0  # 20 ops each until the deadline
+    assert stats.ops_per_s == 4.0  # two clients, 2 ops/s each
+    assert stats.latencies == [0.5] * 40
+    with pytest.raises(ValueError, match="exactly one of duration and count"):
         run_ops(open_client, 1)
 
 
 def test_rates_count_only_the_window() -> None:
-    """An operation in flight at the deadline counts for its share inside the window: 0.15 s ops in a
-    0.2 s window are 1 + 1/3 operations, a rate of 6.7/s, not 2 ops over the 0.3 s until the last
+    """An operation in flight at the deadline counts for its share inside the window: 3 s ops in a
+    4 s window are 1 + 1/3 operations, a rate of 1/3 per second, not 2 ops over the 6 s until the last
     one finished."""
+    clock = ThreadClock()
 
     def slow(i: int) -> Op:
         def op(seq: int) -> int:
-            time.sleep(0.15)
+            clock.advance(3.0)
             return 300
 
         return op
 
-    stats = run_ops(slow, 1, duration=0.2)
-    assert stats.ops == 2 and stats.elapsed >= 0.3 and stats.window == 0.2
-    assert 5.0 < stats.ops_per_s < 7.5
-    assert stats.bytes_per_s == pytest.approx(300 * stats.ops_per_s)
+    stats = run_ops(slow, 1, duration=4.0, clock=clock)
+    assert stats.ops == 2 and stats.elapsed == 6.0 and stats.window == 4.0
+    assert stats.window_ops == pytest.approx(4 / 3)
+    assert stats.ops_per_s == pytest.approx(1 / 3)
+    assert stats.bytes_per_s == pytest.approx(100.0)
 
 
 def test_clients_in_processes_run_in_separate_processes() -> None:
     """Each client is its own process (its own GIL); results and the window come back to the parent."""
     parent = os.getpid()
+    clock = ThreadClock()  # each forked child advances its own copy
 
     def opener(i: int) -> Op:
         if i == 2:
             raise RuntimeError("cannot connect")
 
         def op(seq: int) -> int:
-            time.sleep(0.01)
+            clock.advance(0.5)
             if seq == 3 or os.getpid() == parent:
                 raise ValueError("one bad op, or an op run in the parent")
             return 5
 
         return op
 
-    stats = run_ops(opener, 3, duration=0.2, processes=True)
-    assert 10 <= stats.ops <= 45 and stats.errors == 3  # one setup failure, one bad op per live client
+    stats = run_ops(opener, 3, duration=10.0, processes=True, clock=clock)
+    assert stats.errors == 3  # one setup failure, one bad op per live client
+    assert stats.ops == 2 * 19  # 20 ops each in the window, one of them failed
     assert stats.bytes == 5 * stats.ops
-    assert 0.19 <= stats.elapsed < 2.0 and stats.window == 0.2
+    assert stats.elapsed == 10.0 and stats.window == 10.0
     assert any("cannot connect" in e for e in stats.error_samples)
 
 
 def test_processes_share_tickets_and_report_http_results(server: TinyServer) -> None:
     """Tickets are issued once across client processes; statuses and connections come back too."""
-    reqs = [Request("GET", f"/bytes/{n}") for n in range(12)]
+    reqs = [LoadRequest("GET", f"/bytes/{n}") for n in range(12)]
     stats = run_load(server.address, lambda i, seq: reqs[seq], 3, count=len(reqs), processes=True)
     assert (stats.ops, stats.errors) == (12, 0)
     assert stats.bytes == sum(range(12))  # each request exactly once
@@ -288,7 +322,7 @@ def test_processes_share_tickets_and_report_http_results(server: TinyServer) -> 
 
 
 def test_request_once_and_percentile(server: TinyServer) -> None:
-    assert request_once(server.address, Request("GET", "/bytes/12")) == (200, b"x" * 12)
+    assert request_once(server.address, LoadRequest("GET", "/bytes/12")) == (200, b"x" * 12)
     assert percentile([], 0.5) == 0.0
     assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0

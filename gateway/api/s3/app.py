@@ -7,9 +7,10 @@ operation (method + subresources) → handler (``buckets``, ``objects``, ``uploa
 ``ChunkService``, ``BucketService`` and ``MultipartStore``, the same service layer as the native API,
 so an object written here is a chunk there and the other way round.
 
-Errors: handlers raise ``S3Error`` or a domain ``KvgwError``; ``_to_s3`` maps domain errors to S3
-codes through ``DOMAIN_CODES`` and ``errors.error_response`` renders S3's XML. Nothing else picks a
-status for an error. Every response carries ``x-amz-request-id``; a 500 never carries a traceback.
+Errors: handlers raise ``S3Error`` or a domain ``KvgwError``; ``to_s3`` maps domain errors to S3
+codes through ``DOMAIN_CODES`` (keyed by class) and ``errors.error_response`` renders S3's XML.
+Nothing else picks a status for an error. Every response carries ``x-amz-request-id``; a 500 never
+carries a traceback.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway import errors
 from gateway.access import Directory, Principal
 from gateway.api.http import Receive, Request, ResponseState, Scope, Send
 from gateway.api.s3 import auth as sigv4_auth
 from gateway.api.s3.auth import AuthResult
 from gateway.api.s3.buckets import BucketHandlers
-from gateway.api.s3.common import DRAIN_LIMIT, Call, Gateway
+from gateway.api.s3.common import DRAIN_LIMIT, Call, S3Services
 from gateway.api.s3.errors import ERRORS, InvalidAccessKeyId, S3Error, error_response
 from gateway.api.s3.objects import ObjectHandlers
 from gateway.api.s3.routing import Addressing, Target, operation, parse_query
@@ -40,35 +42,45 @@ log = logging.getLogger("kvgw.s3")
 
 Handler = Callable[[Call], Awaitable[None]]
 
-# Domain error code -> S3 error code. Codes that are already S3's map to themselves.
-DOMAIN_CODES: dict[str, str] = {
-    "NoSuchBucket": "NoSuchBucket",
-    "NoSuchChunk": "NoSuchKey",
-    "InvalidKey": "InvalidArgument",
-    "InvalidRequest": "InvalidRequest",
-    "IncompleteBody": "IncompleteBody",
-    "BadDigest": "BadDigest",
-    "InvalidRange": "InvalidRange",
-    "MissingContentLength": "MissingContentLength",
-    "ChunkTooLarge": "EntityTooLarge",
-    "PreconditionFailed": "PreconditionFailed",
-    "Unauthorized": "AccessDenied",
-    "AccessDenied": "AccessDenied",
-    "InsufficientStorage": "ServiceUnavailable",
-    "ServiceUnavailable": "ServiceUnavailable",
-    "InternalError": "InternalError",
-    "NoSuchUpload": "NoSuchUpload",
-    "InvalidPart": "InvalidPart",
-    "EntityTooSmall": "EntityTooSmall",
-    "InvalidBucketName": "InvalidBucketName",
-    "BucketAlreadyOwnedByYou": "BucketAlreadyOwnedByYou",
-    "BucketNotEmpty": "BucketNotEmpty",
+# Domain error -> S3 error code (its status and default message are in ``errors.ERRORS``). Keyed by
+# class; ``tests/unit/test_error_tables.py`` checks every domain error is listed.
+DOMAIN_CODES: dict[type[KvgwError], str] = {
+    errors.KvgwError: "InternalError",
+    errors.NoSuchBucket: "NoSuchBucket",
+    errors.NoSuchChunk: "NoSuchKey",
+    errors.InvalidKey: "InvalidArgument",
+    errors.InvalidRequest: "InvalidRequest",
+    errors.IncompleteBody: "IncompleteBody",
+    errors.BadDigest: "BadDigest",
+    errors.InvalidRange: "InvalidRange",
+    errors.MissingContentLength: "MissingContentLength",
+    errors.ChunkTooLarge: "EntityTooLarge",
+    errors.PreconditionFailed: "PreconditionFailed",
+    errors.Unauthorized: "AccessDenied",
+    errors.AccessDenied: "AccessDenied",
+    errors.InsufficientStorage: "ServiceUnavailable",
+    errors.ServiceUnavailable: "ServiceUnavailable",
+    errors.InternalError: "InternalError",
+    errors.NoSuchUpload: "NoSuchUpload",
+    errors.InvalidPart: "InvalidPart",
+    errors.EntityTooSmall: "EntityTooSmall",
+    errors.InvalidBucketName: "InvalidBucketName",
+    errors.BucketAlreadyOwned: "BucketAlreadyOwnedByYou",
+    errors.BucketNotEmpty: "BucketNotEmpty",
+    # the native API's routing errors; the S3 front end never raises them
+    errors.MethodNotAllowed: "MethodNotAllowed",
+    errors.NotFound: "InternalError",
 }
+
+
+def s3_code(exc: KvgwError) -> str:
+    """The S3 code of ``exc``: its class's, else its nearest listed base's."""
+    return next(DOMAIN_CODES[cls] for cls in type(exc).__mro__ if cls in DOMAIN_CODES)
 
 
 def to_s3(exc: KvgwError, target: Target) -> S3Error:
     """The S3 answer for a domain error (most specific data first: key, bucket, range)."""
-    code = DOMAIN_CODES.get(exc.code, "InternalError")
+    code = s3_code(exc)
     specific = exc.message != type(exc).default_message and code not in ("InternalError", "ServiceUnavailable")
     message = exc.message if specific else None
     if code == "NoSuchKey" and target.key is not None:
@@ -85,7 +97,7 @@ class S3API:
 
     def __init__(self, service: ChunkService, directory: Directory, buckets: BucketService,
                  multipart: MultipartStore, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
-        self.gw = Gateway(service, directory, buckets, multipart, settings)
+        self.gw = S3Services(service, directory, buckets, multipart, settings)
         self.directory = directory
         self.settings = settings
         self.clock = clock
@@ -144,8 +156,9 @@ class S3API:
         try:
             target = self.addressing.target(req.header("host"), req.raw_path)
             query = parse_query(req.query_string)
-            auth, principal = self._authenticate(req)
+            auth, principal = await self._authenticate(req)
             op = operation(req.method, target, query, req.headers)
+            scope["kvgw.op"] = op  # for the request metrics (gateway.metrics)
             call = Call(req, state.send, target, query, principal, auth,
                         idle_timeout=self.settings.body_idle_timeout, operation=op)
             handler = self.handlers.get(op)
@@ -160,7 +173,7 @@ class S3API:
             log.exception("unhandled error in S3 %s %s (request %s)", req.method, req.raw_path, req.request_id)
             await self._send_error(req, state, S3Error("InternalError"))
 
-    def _authenticate(self, req: Request) -> tuple[AuthResult | None, Principal]:
+    async def _authenticate(self, req: Request) -> tuple[AuthResult | None, Principal]:
         headers = req.scope["headers"]
         signed = req.header("authorization") is not None or "X-Amz-" in req.query_string or \
             "AWSAccessKeyId=" in req.query_string
@@ -168,6 +181,7 @@ class S3API:
             return None, self.directory.anonymous
         claim = sigv4_auth.parse_request(req.method, req.raw_path.encode("latin-1"), req.query_string, headers,
                                          now=self.clock())
+        await self.directory.knows(claim.access_key)  # created a moment ago: re-read the catalog first
         secret = self.directory.secret_for(claim.access_key)
         if secret is None:
             raise InvalidAccessKeyId(AWSAccessKeyId=claim.access_key)

@@ -404,11 +404,9 @@ def _parse_query_auth(
         expires = int(values["X-Amz-Expires"])
     except ValueError:
         raise error("X-Amz-Expires should be a number") from None
-    if expires < 0:
-        raise error("X-Amz-Expires must be non-negative")
     if expires > MAX_PRESIGNED_EXPIRES:
         raise error("X-Amz-Expires must be less than a week (in seconds) that is 604800")
-    if now > request_time + expires:
+    if expires <= 0 or now > request_time + expires:  # S3: 403 for a URL valid for no time at all, too
         raise AccessDenied(
             "Request has expired",
             extra={"X-Amz-Expires": expires},

@@ -7,16 +7,20 @@ principals see and list the buckets they hold grants on.
 
 from __future__ import annotations
 
-import asyncio
-
 from gateway.access import Action
 from gateway.api.s3 import xml
-from gateway.api.s3.common import Call, Gateway, read_small_body
+from gateway.api.s3.common import Call, S3Services, read_small_body
 from gateway.api.s3.errors import S3Error
-from gateway.api.s3.listing import Page, decode_token, encode_token, list_page, parse_max
-from gateway.errors import AccessDenied, Unauthorized
+from gateway.api.s3.listing import decode_token, encode_token, parse_max
+from gateway.chunks import ListPage
+from gateway.errors import AccessDenied, BucketAlreadyOwned, Unauthorized
+from kvgw_client import wire
 
 _CREATE_BODY_LIMIT = 64 * 1024
+
+
+LEGACY_REGION = "us-east-1"
+"""The one region where CreateBucket of a bucket you already own answers 200, not 409."""
 
 
 def owner_of(call: Call) -> xml.Owner:
@@ -34,7 +38,7 @@ def _encoding(call: Call) -> xml.EncodingType:
 
 
 class BucketHandlers:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: S3Services) -> None:
         self.gw = gw
 
     def _require_root(self, call: Call) -> None:
@@ -57,7 +61,12 @@ class BucketHandlers:
     async def create_bucket(self, call: Call) -> None:
         self._require_root(call)
         xml.parse_create_bucket_configuration(await read_small_body(call, _CREATE_BODY_LIMIT))
-        await self.gw.buckets.create(call.bucket)
+        try:
+            await self.gw.buckets.create(call.bucket)
+        except BucketAlreadyOwned:
+            # AWS's legacy us-east-1 answers 200 to a bucket you already own; every other region 409
+            if self.gw.settings.s3_api_region != LEGACY_REGION:
+                raise
         headers = call.headers()
         headers.append((b"location", f"/{call.bucket}".encode()))
         await call.respond(200, headers)
@@ -80,19 +89,16 @@ class BucketHandlers:
         await self.gw.bucket(call, Action.READ)
         await call.respond_xml(xml.render_location_constraint(self.gw.settings.s3_api_region))
 
-    async def _list(self, call: Call, *, after: str | None, skip_prefix: str | None, max_keys: int) -> Page:
+    async def _list(self, call: Call, *, after: str | None, skip_prefix: str | None, max_keys: int) -> ListPage:
         prefix = call.query.get("prefix", "")
         delimiter = call.query.get("delimiter") or None
         bucket = await self.gw.bucket(call, Action.READ)
-        now = self.gw.service.clock()
-        return await asyncio.to_thread(
-            list_page, self.gw.service.index, bucket.name, prefix=prefix, delimiter=delimiter, after=after,
-            skip_prefix=skip_prefix, max_keys=max_keys, now=now,
-        )
+        return await self.gw.service.list_page(bucket, prefix=prefix, delimiter=delimiter, after=after,
+                                               skip_prefix=skip_prefix, max_keys=max_keys)
 
     @staticmethod
-    def _entries(page: Page) -> list[xml.ObjectEntry]:
-        return [xml.ObjectEntry(e.key, e.created, f'"{e.checksum:016x}"', e.size) for e in page.contents]
+    def _entries(page: ListPage) -> list[xml.ObjectEntry]:
+        return [xml.ObjectEntry(e.key, e.created, wire.etag(e.checksum), e.size) for e in page.contents]
 
     async def list_objects_v2(self, call: Call) -> None:
         query = call.query
@@ -101,7 +107,7 @@ class BucketHandlers:
         token = query.get("continuation-token")
         start_after = query.get("start-after") or None
         after, skip = start_after, None
-        if token is not None:
+        if token:  # an empty token is absent (S3 echoes it as given)
             kind, value = decode_token(token)
             after, skip = value, (value if kind == "p" else None)
         page = await self._list(call, after=after, skip_prefix=skip, max_keys=max_keys)

@@ -19,11 +19,12 @@ from gateway.api.s3.errors import S3Error
 from gateway.api.s3.payload import Payload, open_payload
 from gateway.api.s3.routing import Target
 from gateway.buckets import BucketService
+from gateway.chunks import ChunkInfo
 from gateway.config import Settings
 from gateway.errors import MissingContentLength
-from gateway.keys import MAX_KEY_BYTES, InvalidKeyError, validate_key
 from gateway.multipart import MultipartStore
-from gateway.service import ChunkInfo, ChunkService
+from gateway.service import ChunkService
+from kvgw_client.keys import MAX_KEY_BYTES, InvalidKeyError, validate_key
 
 XML = b"application/xml"
 # A request body nobody needs is read and dropped up to this size so the connection stays usable;
@@ -105,7 +106,7 @@ class AttrCache:
 
 
 @dataclass
-class Gateway:
+class S3Services:
     """The parts of the gateway the S3 handlers call."""
 
     service: ChunkService

@@ -20,11 +20,12 @@ from gateway.access import Action
 from gateway.api.http import http_date, parse_range, send_body
 from gateway.api.s3 import xml
 from gateway.api.s3.checksums import ALGORITHMS
-from gateway.api.s3.common import DRAIN_LIMIT, Call, Gateway, as_bytes, body_payload, object_key, read_small_body
+from gateway.api.s3.common import DRAIN_LIMIT, Call, S3Services, as_bytes, body_payload, object_key, read_small_body
 from gateway.api.s3.errors import S3Error
+from gateway.api.s3.payload import strip_aws_chunked
+from gateway.chunks import ChunkInfo, resolve_range
 from gateway.errors import KvgwError, NoSuchChunk
-from gateway.keys import InvalidKeyError, validate_key
-from gateway.service import ChunkInfo, resolve_range
+from kvgw_client.keys import InvalidKeyError, validate_key
 
 # Request headers kept with the object and returned on GET/HEAD.
 STORED_HEADERS = ("content-type", "content-disposition", "content-language", "cache-control", "expires",
@@ -55,13 +56,9 @@ def request_attrs(call: Call) -> dict[str, str]:
             meta_bytes += len(name) - len("x-amz-meta-") + len(value)
     if meta_bytes > MAX_METADATA_BYTES:
         raise S3Error("MetadataTooLarge", MaxSizeAllowed=MAX_METADATA_BYTES)
-    encoding = attrs.get("content-encoding")
+    encoding = strip_aws_chunked(attrs.pop("content-encoding", None))
     if encoding is not None:
-        kept = [t.strip() for t in encoding.split(",") if t.strip() and t.strip().lower() != "aws-chunked"]
-        if kept:
-            attrs["content-encoding"] = ",".join(kept)
-        else:
-            del attrs["content-encoding"]
+        attrs["content-encoding"] = encoding
     return attrs
 
 
@@ -130,7 +127,7 @@ def _not_modified(info: ChunkInfo) -> S3Error:
 
 
 class ObjectHandlers:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: S3Services) -> None:
         self.gw = gw
 
     # -- writes --------------------------------------------------------------------------------
@@ -140,14 +137,16 @@ class ObjectHandlers:
         bucket = await self.gw.bucket(call, Action.WRITE)
         attrs = request_attrs(call)
         service = self.gw.service
-        existing = await service.lookup(bucket, key)
+        existing = await service.lookup_for_write(bucket, key)
         if existing is not None or call.header("if-match") is not None:
             self._check_write_conditions(call, existing)
         if existing is not None:
             await self._existing(call, existing)
             return
-        payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=requested_algorithms(call))
-        assert payload.length is not None
+        # Transfer-Encoding: chunked without a length (SDK streams) is accepted: the body's end decides;
+        # neither a length nor chunked encoding is still 411, as S3 answers
+        payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=requested_algorithms(call),
+                               require_length=call.header("transfer-encoding") is None)
         if payload.content_encoding is not None:
             attrs["content-encoding"] = payload.content_encoding
 
@@ -188,12 +187,12 @@ class ObjectHandlers:
 
     async def delete_object(self, call: Call) -> None:
         key = object_key(call)
-        bucket = await self.gw.bucket(call, Action.ADMIN)
+        bucket = await self.gw.bucket(call, Action.DELETE)
         await self.gw.service.delete(bucket, key)
         await call.respond(204, call.headers())
 
     async def delete_objects(self, call: Call) -> None:
-        bucket = await self.gw.bucket(call, Action.ADMIN)
+        bucket = await self.gw.bucket(call, Action.DELETE)
         request = xml.parse_delete(await read_small_body(call, xml.MAX_XML_BODY))
         deleted: list[str] = []
         errors: list[xml.DeleteError] = []

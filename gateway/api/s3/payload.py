@@ -140,7 +140,7 @@ def strip_aws_chunked(content_encoding: str | None) -> str | None:
         return None
     tokens = [t.strip() for t in content_encoding.split(",")]
     kept = [t for t in tokens if t and t.lower() != "aws-chunked"]
-    return ",".join(kept) or None
+    return ", ".join(kept) or None
 
 
 def open_payload(

@@ -15,7 +15,7 @@ import base64
 from gateway.access import Action
 from gateway.api.s3 import xml
 from gateway.api.s3.checksums import ALGORITHMS, new_checksum
-from gateway.api.s3.common import Call, Gateway, as_bytes, body_payload, object_key, read_small_body
+from gateway.api.s3.common import Call, S3Services, as_bytes, body_payload, object_key, read_small_body
 from gateway.api.s3.errors import S3Error
 from gateway.api.s3.listing import parse_max
 from gateway.api.s3.objects import (
@@ -27,7 +27,7 @@ from gateway.api.s3.objects import (
     request_attrs,
     requested_algorithms,
 )
-from gateway.errors import KvgwError
+from gateway.errors import NoSuchUpload
 from gateway.multipart import PartInfo, Upload
 
 _ALGORITHM_ATTR = "x-amz-checksum-algorithm"
@@ -54,17 +54,15 @@ def composite_checksums(parts: list[PartInfo], algorithm: str | None) -> dict[st
 
 
 class UploadHandlers:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: S3Services) -> None:
         self.gw = gw
 
     async def _upload(self, call: Call, *, allow_completed: bool = False) -> Upload:
         upload_id = call.query.get("uploadId", "")
         try:
             return await self.gw.multipart.get(upload_id, call.bucket, call.key, allow_completed=allow_completed)
-        except KvgwError as exc:
-            if exc.code == "NoSuchUpload":
-                raise S3Error("NoSuchUpload", UploadId=upload_id[:64]) from None
-            raise
+        except NoSuchUpload:
+            raise S3Error("NoSuchUpload", UploadId=upload_id[:64]) from None
 
     async def create(self, call: Call) -> None:
         key = object_key(call)
@@ -95,7 +93,7 @@ class UploadHandlers:
             attrs=lambda: {k: v for k, v in checksum_attrs(payload.checksums).items() if k != CHECKSUM_TYPE},
         )
         headers = call.headers()
-        headers.append((b"etag", f'"{part.etag}"'.encode()))
+        headers.append((b"etag", part.etag.encode()))
         headers.extend(checksum_headers(part.attrs))
         await call.respond(200, headers)
 
@@ -108,7 +106,7 @@ class UploadHandlers:
         if upload.completed is not None:  # a retried Complete: answer as the first one did
             await self._answer(call, upload.completed.etag)
             return
-        existing = await service.lookup(bucket, upload.key)
+        existing = await service.lookup_for_write(bucket, upload.key)
         if existing is not None and (call.header("if-none-match") or "").strip() == "*":
             raise S3Error("PreconditionFailed", Condition="If-None-Match")
         if_match = call.header("if-match")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Literal
-from urllib.parse import quote_plus
+from urllib.parse import quote
 from xml.etree.ElementTree import Element, ParseError
 
 import defusedxml.ElementTree as safe_et
@@ -151,7 +151,7 @@ def _el(name: str, value: str | int | bool | None) -> str:
 def _coded(value: str | None, encoding_type: EncodingType) -> str | None:
     if value is None or encoding_type is None:
         return value
-    return quote_plus(value, safe="/")
+    return quote(value, safe="/")  # as S3: a space is %20 (botocore decodes with unquote_plus, so "+" must be %2B)
 
 
 def _doc(root: str, body: Iterable[str]) -> bytes:

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gateway.client.config import ClientSettings, HealthPolicy, RetryPolicy, Timeouts
-from gateway.client.http import KvgwClient
+from kvgw_client.config import ClientSettings, HealthPolicy, RetryPolicy, Timeouts
+from kvgw_client.http import KvgwClient
 from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess
 from tests.http_faults import HttpFaultProxy
 

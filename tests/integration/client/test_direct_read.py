@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.client.direct import parse_locations
-from gateway.client.errors import ProtocolError
-from gateway.client.framing import ItemStatus
-from gateway.client.http import KvgwClient
-from gateway.keys import chunk_digest
+from kvgw_client.direct import parse_locations
+from kvgw_client.errors import ProtocolError
+from kvgw_client.framing import ItemStatus
+from kvgw_client.http import KvgwClient
+from kvgw_client.keys import chunk_digest
 from tests.conftest import ServerProcess
 from tests.http_faults import HttpFaultProxy
 

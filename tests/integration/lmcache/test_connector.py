@@ -1,4 +1,4 @@
-"""kvgw's LMCache connector, loaded by LMCache 0.5.6 as a remote-storage plugin, driven through
+"""kvgw's LMCache connector, loaded by LMCache (0.5.6 or 0.5.7) as a remote-storage plugin, driven through
 LMCache's own StorageManager / RemoteBackend with LocalCPUBackend memory objects, against a real
 ``kvgw serve``.
 """
@@ -19,14 +19,13 @@ import pytest
 import torch
 import xxhash
 from lmcache.utils import CacheEngineKey
-from lmcache.v1.protocol import RemoteMetadata
 
-from gateway import wire
 from gateway.bench import lmcache_engine as le
-from gateway.client.framing import byte_view
-from gateway.client.health import CircuitState
-from gateway.client.lmcache_connector import KvgwConnector
-from tests.conftest import ServerProcess
+from kvgw_client import wire
+from kvgw_client.framing import byte_view
+from kvgw_client.health import CircuitState
+from kvgw_client.lmcache.connector import KvgwConnector, RemoteMetadata
+from tests.conftest import ServerProcess, leases_granted
 from tests.http_faults import Fault, HttpFaultProxy
 from tests.index_view import IndexView
 from tests.integration.lmcache.conftest import FAST_FAILURE
@@ -166,7 +165,9 @@ def test_prefix_lookup_stops_at_the_first_missing_chunk(
     keys = le.chunk_keys(5, seed=seed)
     present = [keys[0], keys[1], keys[3], keys[4]]  # chunk 2 was never stored
     digests = store_random(worker, present, seed)
+    granted = leases_granted(shared_server)
     assert worker.lookup(keys) == 2
+    assert leases_granted(shared_server) == granted + 2  # the lookup leased its hits (lease_ms, 5 s default)
     got = worker.retrieve(keys)
     assert [le.digest(obj) for obj in got] == digests[:2]
     le.release(got)
@@ -275,7 +276,7 @@ def test_gateway_stopped_mid_run(
     digests = store_random(worker, keys, seed)
     assert worker.lookup(keys) == 4
     conn = connector(worker)
-    kvgw_log = logging.getLogger("gateway.client.lmcache_connector")
+    kvgw_log = logging.getLogger("kvgw_client.lmcache.connector")
     kvgw_log.addHandler(caplog.handler)
     try:
         {"sigkill": server.kill, "sigterm": server.stop, "sigstop": lambda: _pause(server)}[how]()
@@ -412,3 +413,4 @@ def test_plugin_that_cannot_start_is_reported_not_raised(make_worker: Callable[.
     true."""
     worker = make_worker("http://127.0.0.1:9", pool_sise=4)
     assert worker.backend(le.REMOTE_KVGW).connection is None
+

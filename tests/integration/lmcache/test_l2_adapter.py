@@ -1,11 +1,13 @@
-"""kvgw's L2 adapter for LMCache's multiprocess server, built by LMCache's own ``--l2-adapter`` parser and
-factory (``native_plugin`` wraps it in LMCache's ``NativeConnectorL2Adapter``), fed with L1 memory objects
-from LMCache's ``L1MemoryManager``, against a real ``kvgw serve``.
+"""kvgw's L2 adapter for LMCache's (0.5.6 or 0.5.7) multiprocess server, built by LMCache's own
+``--l2-adapter`` parser and factory (``native_plugin`` wraps it in LMCache's ``NativeConnectorL2Adapter``),
+fed with L1 memory objects from LMCache's ``L1MemoryManager``, against a real ``kvgw serve``.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +16,8 @@ import httpx
 import pytest
 
 from gateway.bench import lmcache_engine as le
-from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess
+from kvgw_client.lmcache import l2_adapter
+from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, leases_granted
 from tests.index_view import IndexView
 from tests.integration.lmcache.conftest import FAST_FAILURE
 
@@ -24,7 +27,7 @@ ROUTES = {"native_plugin": "KvgwNativeClient", "plugin": "KvgwL2Adapter"}
 def spec(url: str, route: str = "native_plugin", **params: object) -> dict[str, object]:
     adapter_params: dict[str, object] = {"url": url, "bucket": "kvcache", "access_key": ROOT_AK, "secret_key": ROOT_SK}
     adapter_params.update(params)
-    return {"type": route, "module_path": "gateway.client.l2_adapter", "class_name": ROUTES[route],
+    return {"type": route, "module_path": "kvgw_client.lmcache.l2_adapter", "class_name": ROUTES[route],
             "adapter_params": adapter_params}
 
 
@@ -97,7 +100,8 @@ def test_direct_reads_round_trip(
 def test_lookup_is_per_key_and_load_fails_only_the_missing(
     make_driver: Callable[..., le.L2Driver], shared_server: ServerProcess, seed: int
 ) -> None:
-    """L2 lookups answer per key (the controller computes the prefix); a load reports each key."""
+    """L2 lookups answer per key (the controller computes the prefix) and lease the hits (LMCache's
+    lookup-and-lock); a load reports each key."""
     driver = make_driver(spec(shared_server.url))
     keys = le.object_keys(4, seed=seed)
     present = [keys[0], keys[1], keys[3]]
@@ -105,7 +109,9 @@ def test_lookup_is_per_key_and_load_fails_only_the_missing(
     digests = le.random_fill_many(objs, seed)
     assert driver.store(present, objs).is_successful()
     driver.free(objs)
+    granted = leases_granted(shared_server)
     assert driver.lookup(keys) == [True, True, False, True]
+    assert leases_granted(shared_server) == granted + 3  # lookup-and-lock leased the hits in the gateway
     into = driver.allocate(4)
     assert driver.load(keys, into) == [True, True, False, True]
     assert [le.digest(into[i]) for i in (0, 1, 3)] == digests
@@ -205,3 +211,72 @@ def test_gateway_stopped_mid_run(
     round_trip(driver, fresh, seed + 1)
     if route == "plugin":
         assert driver.adapter.report_status()["is_healthy"] is True
+
+
+def _io_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "kvgw-client-io")
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("where", ["wrapper", "client"])
+def test_a_failed_construction_releases_the_client(
+    monkeypatch: pytest.MonkeyPatch, shared_server: ServerProcess, where: str
+) -> None:
+    """When LMCache's wrapper refuses to construct (as 0.5.7's did, for its new required memory_tags), or
+    the client fails half-way, the kvgw client made so far is closed: no I/O thread, no event fd left."""
+    threads, fds = _io_threads(), _open_fds()
+    if where == "wrapper":
+        def refuse(self: object, *args: object, **kwargs: object) -> None:
+            raise TypeError("missing 1 required positional argument: 'memory_tags'")
+
+        monkeypatch.setattr(l2_adapter.NativeConnectorL2Adapter, "__init__", refuse)
+    else:
+        def no_fd() -> object:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(l2_adapter, "_EventFd", no_fd)
+    params = spec(shared_server.url, "plugin", prefetch_bytes=1 << 20)["adapter_params"]
+    with pytest.raises((TypeError, OSError)):
+        l2_adapter.KvgwL2Adapter({**params, "max_capacity_gb": 0})  # type: ignore[dict-item]
+    deadline = time.monotonic() + 5
+    while _io_threads() != threads:
+        assert time.monotonic() < deadline, "the client's I/O thread outlived the failed construction"
+        time.sleep(0.01)
+    assert _open_fds() <= fds  # the event fd and the connection pool's sockets are gone
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_memory_tags_and_touch(
+    make_driver: Callable[..., le.L2Driver], shared_server: ServerProcess, seed: int, route: str
+) -> None:
+    """LMCache 0.5.7's adapter surface: the memory tags say remote storage; ``submit_touch`` (what
+    ``StorageManager.touch_cached_keys`` calls) counts as reads in kvgw on the ``plugin`` route (LMCache's
+    own wrapper of the ``native_plugin`` route only notifies its listeners)."""
+    driver = make_driver(spec(shared_server.url, route))
+    if l2_adapter.MEMORY_TAGS is None:  # LMCache 0.5.6: no tags, and only our adapter has submit_touch
+        assert importlib.metadata.version("lmcache") == "0.5.6"
+        if route == "native_plugin":
+            return
+    else:
+        tags = driver.adapter.get_memory_tags()
+        assert (tags.segment.value, tags.residency.value) == ("storage", "remote")
+    keys = le.object_keys(2, seed=seed)
+    objs = driver.allocate(2)
+    le.random_fill_many(objs, seed)
+    assert driver.store(keys, objs).is_successful()
+    driver.free(objs)
+    names = [le.l2_key_string(k) for k in keys]
+    index = IndexView(shared_server.data_dir)
+    try:
+        before = [index.entry(n).hits for n in names]  # type: ignore[union-attr]
+        driver.adapter.submit_touch(keys)
+        want = [h + 1 for h in before] if route == "plugin" else before
+        deadline = time.monotonic() + 5
+        while [index.entry(n).hits for n in names] != want:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "kvgw did not count the touch"
+            time.sleep(0.02)
+    finally:
+        index.close()

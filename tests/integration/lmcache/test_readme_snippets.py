@@ -59,11 +59,24 @@ def round_trip(worker: le.Worker, backend: str, seed: int) -> None:
 
 
 def test_the_readme_has_the_snippets_this_test_checks() -> None:
-    assert len(yaml_snippets()) == 2 and len(l2_snippets()) == 2
+    assert len(yaml_snippets()) == 3 and len(l2_snippets()) == 2
+
+
+def test_remote_url_yaml_comes_first(shared_server: ServerProcess, tmp_path: Path, seed: int) -> None:
+    doc = yaml_snippets()[0]
+    assert doc["remote_url"] == f"http://{DOC_HOST}/kvcache" and doc["remote_storage_plugins"] == ["kvgw"]
+    assert "kvgw.url" not in doc["extra_config"] and "kvgw.bucket" not in doc["extra_config"]
+    worker = le.Worker(as_written(doc, shared_server, tmp_path, "127.0.0.1"), le.make_metadata(1))
+    try:
+        assert le.REMOTE_KVGW not in worker.storage.storage_backends  # one kvgw backend, remote_url's
+        assert worker.backend(le.REMOTE_URL).connection is not None, "kvgw's adapter did not take remote_url"
+        round_trip(worker, le.REMOTE_URL, seed)
+    finally:
+        worker.close()
 
 
 def test_connector_yaml(shared_server: ServerProcess, tmp_path: Path, seed: int) -> None:
-    doc = yaml_snippets()[0]
+    doc = yaml_snippets()[1]
     assert doc["remote_storage_plugins"] == ["kvgw"]
     worker = le.Worker(as_written(doc, shared_server, tmp_path, "127.0.0.1"), le.make_metadata(1))
     try:
@@ -74,7 +87,7 @@ def test_connector_yaml(shared_server: ServerProcess, tmp_path: Path, seed: int)
 
 
 def test_s3_connector_yaml(s3_gateway: ServerProcess, vhost: str, tmp_path: Path, seed: int) -> None:
-    doc = yaml_snippets()[1]
+    doc = yaml_snippets()[2]
     assert doc["remote_url"].startswith("s3://kvcache.")
     text = json.dumps(doc).replace(f"kvcache.{DOC_HOST}", f"{vhost}:{s3_gateway.port}")
     worker = le.Worker(as_written(json.loads(text), s3_gateway, tmp_path, "127.0.0.1"), le.make_metadata(1))

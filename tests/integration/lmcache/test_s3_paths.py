@@ -1,4 +1,4 @@
-"""LMCache 0.5.6's own S3 paths against kvgw's S3 API, unchanged: the in-process S3 connector in the bare
+"""LMCache's own S3 paths (0.5.6 and 0.5.7) against kvgw's S3 API, unchanged: the in-process S3 connector in the bare
 (``s3://host:port``) and virtual-hosted (``s3://<bucket>.<host>:port``) forms, and the multiprocess
 server's ``s3`` L2 adapter (virtual-hosted; it also lists keys with ListObjectsV2).
 
@@ -17,7 +17,7 @@ import xxhash
 from lmcache.utils import CacheEngineKey
 
 from gateway.bench import lmcache_engine as le
-from gateway.client.framing import byte_view
+from kvgw_client.framing import byte_view
 from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess
 
 

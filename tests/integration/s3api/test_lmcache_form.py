@@ -14,9 +14,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-import pytest
 
-from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess
+from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, require_module
 from tests.integration.s3api.wire import send
 
 MiB = 1 << 20
@@ -103,7 +102,7 @@ def test_bare_host_uses_the_configured_default_bucket(server_factory: type[Serve
 
 
 def test_awscrt_client_as_lmcache_drives_it(s3_server: ServerProcess) -> None:
-    awscrt = pytest.importorskip("awscrt")
+    awscrt = require_module("awscrt")
     from awscrt import auth, io, s3
     from awscrt.http import HttpHeaders, HttpRequest
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.client.chains import ParentMap
-from gateway.client.config import (
+from kvgw_client.chains import ParentMap
+from kvgw_client.config import (
     ClientSettings,
     HealthPolicy,
     RetryPolicy,
@@ -66,29 +66,29 @@ def test_credentials_fall_back_to_the_environment() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "error"),
     [
-        {"url": "gw:9000"},
-        {"url": "http://gw/?x=1"},
-        {"bucket": "KV"},
-        {"bucket": "kv"},
-        {"access_key": "a"},
-        {"access_key": "a:b", "secret_key": "s"},
-        {"pool_size": 0},
+        ({"url": "gw:9000"}, "url must be http"),
+        ({"url": "http://gw/?x=1"}, "must not have a query"),
+        ({"bucket": "KV"}, "invalid bucket name"),
+        ({"bucket": "kv"}, "invalid bucket name"),
+        ({"access_key": "a"}, "give both access_key and secret_key"),
+        ({"access_key": "a:b", "secret_key": "s"}, "access_key must not contain ':'"),
+        ({"pool_size": 0}, "must be at least 1"),
     ],
 )
-def test_client_settings_validation(kwargs: dict[str, object]) -> None:
+def test_client_settings_validation(kwargs: dict[str, object], error: str) -> None:
     values: dict[str, object] = {"url": "http://gw:9000", "bucket": "kvcache", **kwargs}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=error):
         ClientSettings(**values)  # type: ignore[arg-type]
 
 
 def test_policy_validation() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="connect must be positive"):
         Timeouts(connect=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="attempts must be at least 1"):
         RetryPolicy(attempts=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cooldown <= cooldown_max"):
         HealthPolicy(cooldown=5, cooldown_max=1)
 
 

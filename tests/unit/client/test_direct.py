@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import xxhash
 
-from gateway.client.direct import DirectReader, Location, ReadResult
+from kvgw_client.direct import Destination, DirectReader, Location, ReadResult
 
 
 def test_reads_verify_size_and_checksum(tmp_path: Path) -> None:
@@ -36,22 +35,32 @@ def test_reads_verify_size_and_checksum(tmp_path: Path) -> None:
 
 async def test_cancelled_batch_waits_for_the_read_in_flight(tmp_path: Path) -> None:
     """The caller frees its buffers once read_all is cancelled: a thread still writing into them would
-    corrupt whatever they hold next. A FIFO holds the read open until another thread releases it."""
-    os.mkfifo(tmp_path / "slow")
-    reader = DirectReader(str(tmp_path), 1)
-    task = asyncio.ensure_future(reader.read_all([(Location(4, 0, "slow"), memoryview(bytearray(4)))]))
-    await asyncio.sleep(0.05)  # the read is now blocked in open() of the FIFO
-    released_at: list[float] = []
+    corrupt whatever they hold next. The read is held in flight (on an event, not a timer) until the
+    cancellation has been delivered; read_all must not return before it ended."""
+    data = os.urandom(4)
+    (tmp_path / "c").write_bytes(data)
+    started, release = threading.Event(), threading.Event()
+    ended: list[ReadResult] = []
 
-    def release() -> None:
-        time.sleep(0.2)
-        released_at.append(time.monotonic())
-        with open(tmp_path / "slow", "wb") as fifo:
-            fifo.write(b"abcd")
+    class HeldReader(DirectReader):
+        def read_into(self, loc: Location, dest: Destination) -> ReadResult:
+            started.set()
+            assert release.wait(60), "never released"
+            ended.append(super().read_into(loc, dest))
+            return ended[-1]
 
-    threading.Thread(target=release).start()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert released_at and time.monotonic() >= released_at[0]  # returned only after the read ended
-    reader.close()
+    reader = HeldReader(str(tmp_path), 1)
+    try:
+        task = asyncio.ensure_future(reader.read_all([(Location(4, xxhash.xxh3_64_intdigest(data), "c"),
+                                                       memoryview(bytearray(4)))]))
+        assert await asyncio.to_thread(started.wait, 60), "the read never started"
+        # cancelled while the read runs; released from another thread, since the cancelled read_all
+        # blocks the loop until its read is done
+        threading.Timer(0.1, release.set).start()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ended == [ReadResult.OK]  # returned only after the read ended
+    finally:
+        release.set()
+        reader.close()

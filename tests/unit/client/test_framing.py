@@ -1,4 +1,4 @@
-"""BatchReader: the batch-get framing of gateway.wire, read incrementally into caller buffers."""
+"""BatchReader: the batch-get framing of kvgw_client.wire, read incrementally into caller buffers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from gateway import wire
-from gateway.client.framing import BatchItem, BatchReader, ItemStatus, byte_view
+from kvgw_client import wire
+from kvgw_client.framing import BatchItem, BatchReader, ItemStatus, byte_view
 
 
 def frame_ok(payload: bytes, *, checksum: int | None = None) -> bytes:
@@ -163,7 +163,7 @@ def test_length_above_limit_is_refused_before_allocating() -> None:
 
 def test_provider_returning_the_wrong_size_is_a_caller_bug() -> None:
     reader = BatchReader(1, into=lambda i, n: memoryview(bytearray(n + 1)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="returned 4 bytes for 3"):
         reader.feed(stream(frame_ok(b"abc")))
 
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from gateway.client.config import HealthPolicy
-from gateway.client.health import Circuit, CircuitState, Counters, FailureLog
+from kvgw_client.config import HealthPolicy
+from kvgw_client.health import Circuit, CircuitState, Counters, FailureLog
 
 
 class Clock:

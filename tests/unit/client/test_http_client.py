@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway import wire
-from gateway.client.config import ClientSettings
-from gateway.client.errors import Rejected
-from gateway.client.http import KvgwClient, encode_key
+from kvgw_client import wire
+from kvgw_client.config import ClientSettings
+from kvgw_client.errors import Rejected
+from kvgw_client.http import KvgwClient, encode_key
 
 
 @pytest.fixture

@@ -1,14 +1,17 @@
 """Pinned LMCache surface: fails when LMCache changes what our connector and L2 adapter implement.
 
-In the spirit of aiobotocore's ``test_patches.py``: the shapes below were read from LMCache 0.5.6.
-When one changes, re-read the upstream code (docs/lmcache-0.5.6-interfaces.md says where), adapt
-``gateway/client/lmcache_connector.py`` / ``l2_adapter.py``, then update the pin.
+In the spirit of aiobotocore's ``test_patches.py``: the shapes below were read from LMCache 0.5.6, and
+what 0.5.7rc2 changed is pinned beside them (``V057``); the test runs against whichever is installed
+(CI runs it with both: the project's environment and ``.ci/.venv-lmcache057``). When one changes,
+re-read the upstream code (docs/lmcache-0.5.6-interfaces.md says where, §5 for 0.5.7), adapt
+``client/kvgw_client/lmcache/connector.py`` / ``l2_adapter.py``, then update the pin.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import inspect
 import textwrap
 from collections.abc import Callable
@@ -16,18 +19,26 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("lmcache", reason="LMCache is not installed (.ci/install-lmcache.sh)")
+from tests.requirements import require_or_skip
 
-from lmcache.v1.distributed.l2_adapters import native_plugin_l2_adapter, plugin_l2_adapter
-from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
-from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import NativeConnectorL2Adapter
-from lmcache.v1.storage_backend.connector import ConnectorContext, DynamicConnectorAdapter
-from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
-from lmcache.v1.storage_backend.connector.instrumented_connector import InstrumentedRemoteConnector
+try:
+    from lmcache.v1.distributed.l2_adapters import native_plugin_l2_adapter, plugin_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
+    from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import NativeConnectorL2Adapter
+    from lmcache.v1.storage_backend import remote_backend
+    from lmcache.v1.storage_backend.connector import ConnectorContext, ConnectorManager, DynamicConnectorAdapter
+    from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+    from lmcache.v1.storage_backend.connector.instrumented_connector import InstrumentedRemoteConnector
+except ImportError as exc:
+    require_or_skip(f"LMCache is not installed (.ci/install-lmcache.sh): {exc}")
 
-from gateway.client import l2_adapter, lmcache_connector
+from kvgw_client.lmcache import connector as lmcache_connector
+from kvgw_client.lmcache import l2_adapter
 
 Shape = tuple[bool, tuple[str, ...]]
+VERSION = importlib.metadata.version("lmcache")
+V057 = VERSION.startswith("0.5.7")
+SUPPORTED = ("0.5.6", "0.5.7rc2")
 
 
 def shape(fn: Callable[..., Any]) -> Shape:
@@ -91,6 +102,10 @@ NATIVE_ADAPTER_INIT: Shape = (
     False,
     ("native_client", "max_capacity_gb=0", "type_name=''", "extra_status=None", "pad_buffers_to_alignment=False"),
 )
+if V057:  # what 0.5.7rc2 changed on the L2 side
+    L2_ADAPTER = {**L2_ADAPTER, "get_memory_tags": (False, ()), "submit_touch": (False, ("keys",))}
+    L2_ABSTRACT = L2_ABSTRACT | {"get_memory_tags"}
+    NATIVE_ADAPTER_INIT = (False, ("native_client", "memory_tags", *NATIVE_ADAPTER_INIT[1][1:]))
 NATIVE_CLIENT_REQUIRED = {"event_fd", "submit_batch_get", "submit_batch_set", "submit_batch_exists",
                           "drain_completions", "close"}
 
@@ -178,9 +193,60 @@ def test_native_plugin_required_methods_are_pinned_and_implemented() -> None:
 
 
 def test_plugin_factory_finds_our_config_class() -> None:
-    config = plugin_l2_adapter.PluginL2AdapterConfig("gateway.client.l2_adapter", "KvgwL2Adapter", {})
-    module = importlib.import_module("gateway.client.l2_adapter")
+    config = plugin_l2_adapter.PluginL2AdapterConfig("kvgw_client.lmcache.l2_adapter", "KvgwL2Adapter", {})
+    module = importlib.import_module("kvgw_client.lmcache.l2_adapter")
     found = plugin_l2_adapter._resolve_config_class(module, config, l2_adapter.KvgwL2Adapter)
     assert found is l2_adapter.KvgwL2AdapterConfig
     params = list(inspect.signature(l2_adapter.KvgwL2Adapter.__init__).parameters)
     assert params[:3] == ["self", "config", "l1_memory_desc"]
+
+
+def test_the_installed_lmcache_is_one_we_support() -> None:
+    assert VERSION in SUPPORTED
+
+
+def test_module_homes_of_what_we_import() -> None:
+    """0.5.7 moved the in-process protocol and event manager under lmcache.inprocess; kvgw imports from
+    either, and here is where each version keeps them."""
+    protocol = "lmcache.inprocess.v1.protocol" if V057 else "lmcache.v1.protocol"
+    events = "lmcache.inprocess.v1.event_manager" if V057 else "lmcache.v1.event_manager"
+    assert lmcache_connector.RemoteMetadata is importlib.import_module(protocol).RemoteMetadata
+    assert hasattr(importlib.import_module(events), "EventManager")
+    from gateway.bench import lmcache_engine
+
+    assert lmcache_engine.EventManager is importlib.import_module(events).EventManager
+
+
+def test_key_string_helper_we_reuse() -> None:
+    from lmcache.v1.distributed.api import ObjectKey
+
+    key = ObjectKey(chunk_hash=bytes(range(16)), model_name="org/m", kv_rank=3, object_group_id=2)
+    assert l2_adapter._object_key_to_string(key) == f"org/m@00000003@2@{bytes(range(16)).hex()}"
+
+
+def test_our_l2_adapter_gives_the_wrapper_what_it_takes() -> None:
+    takes_tags = "memory_tags" in inspect.signature(NativeConnectorL2Adapter.__init__).parameters
+    assert takes_tags == V057 == l2_adapter._native_wrapper_takes_memory_tags()
+    assert (l2_adapter.MEMORY_TAGS is not None) == V057
+    if V057:
+        source = inspect.getsource(native_plugin_l2_adapter._create_native_plugin_l2_adapter)
+        assert "MemoryTags(MemorySegment.STORAGE, MemoryResidency.REMOTE)" in source  # what native_plugin says
+        assert shape(l2_adapter.KvgwL2Adapter.submit_touch) == L2_ADAPTER["submit_touch"]
+
+
+def test_remote_url_reaches_plugin_adapters_after_builtins() -> None:
+    """``remote_url: http(s)://...`` works because ConnectorManager asks the adapters of
+    ``remote_storage_plugins`` after its built-in ones and no built-in one takes http(s); and the plugin
+    entry can decline to be a second backend because RemoteBackend lets IrrecoverableException through."""
+    source = inspect.getsource(ConnectorManager.__init__)
+    assert source.index("_remote_adapters_builtin_launcher()") < source.index("_remote_adapters_plugin_launcher(")
+    manager = ConnectorManager.__new__(ConnectorManager)
+    manager.adapters = []
+    manager._remote_adapters_builtin_launcher()
+    assert manager.adapters, "no built-in adapters found"
+    for url in ("http://kvgw.internal:8080/kvcache", "https://kvgw.internal/kvcache"):
+        assert not [type(a).__name__ for a in manager.adapters if a.can_parse(url)]
+    init = inspect.getsource(remote_backend.RemoteBackend.init_connection)
+    assert "except IrrecoverableException" in init and init.index("except IrrecoverableException") < init.index(
+        "except Exception")
+    assert issubclass(lmcache_connector.KvgwPluginEntryOnly, remote_backend.IrrecoverableException)

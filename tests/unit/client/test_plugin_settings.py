@@ -7,13 +7,16 @@ import json
 
 import pytest
 
-pytest.importorskip("lmcache", reason="LMCache is not installed (.ci/install-lmcache.sh)")
+from tests.requirements import require_or_skip
 
-from lmcache.v1.distributed.l2_adapters import create_l2_adapter
-from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
+try:
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
+except ImportError as exc:
+    require_or_skip(f"LMCache is not installed (.ci/install-lmcache.sh): {exc}")
 
-from gateway.client.l2_adapter import same_chain
-from gateway.client.lmcache_connector import ConnectorSettings
+from kvgw_client.lmcache.connector import ConnectorSettings
+from kvgw_client.lmcache.l2_adapter import same_chain
 
 
 def test_connector_settings_refuse_typos_and_take_per_instance_values() -> None:
@@ -32,7 +35,7 @@ def test_connector_settings_refuse_typos_and_take_per_instance_values() -> None:
 def test_l2_bad_params_fail_before_the_client_starts() -> None:
     parser = argparse.ArgumentParser()
     add_l2_adapters_args(parser)
-    spec = {"type": "plugin", "module_path": "gateway.client.l2_adapter", "class_name": "KvgwL2Adapter",
+    spec = {"type": "plugin", "module_path": "kvgw_client.lmcache.l2_adapter", "class_name": "KvgwL2Adapter",
             "adapter_params": {"bucket": "kvcache"}}
     config = parse_args_to_l2_adapters_config(parser.parse_args(["--l2-adapter", json.dumps(spec)]))
     with pytest.raises(ValueError, match="url"):

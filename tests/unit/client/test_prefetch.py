@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gateway.client.framing import BatchItem, BufferProvider, Destination, ItemStatus, destination_views
-from gateway.client.prefetch import BytesSink, Prefetcher, StagingBuffer
+from kvgw_client.framing import BatchItem, BufferProvider, Destination, ItemStatus, destination_views
+from kvgw_client.prefetch import BytesSink, Prefetcher, StagingBuffer
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ def test_reservations_are_never_evicted_and_limit_holds() -> None:
 def test_commit_must_match_reservation() -> None:
     buf: StagingBuffer[bytearray] = StagingBuffer(10)
     buf.reserve("a", 4, group=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="does not match the reservation"):
         buf.commit("a", bytearray(5), 5)
     with pytest.raises(KeyError):
         buf.reserve("a", 4, group=1)

@@ -26,6 +26,7 @@ from gateway.api.s3.errors import (
     SignatureDoesNotMatch,
     UnsupportedAuthorization,
 )
+from tests.requirements import require_module
 from tests.unit.s3.clients import (
     ACCESS_KEY,
     NOW,
@@ -45,7 +46,7 @@ from tests.unit.s3.clients import (
 def signer(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every botocore-signed case runs with botocore's Python signer and with its awscrt signer."""
     if request.param == "crt":
-        pytest.importorskip("awscrt")
+        require_module("awscrt")
     with botocore_signer(request.param):
         yield request.param
 
@@ -215,8 +216,8 @@ def test_unencoded_path_characters_match_encoded_canonical_form() -> None:
 
 
 def _crt_sign(method: str, path: str, headers: list[tuple[str, str]]) -> Wire:
-    auth = pytest.importorskip("awscrt.auth")
-    http = pytest.importorskip("awscrt.http")
+    auth = require_module("awscrt.auth")
+    http = require_module("awscrt.http")
     request = http.HttpRequest(method, path, http.HttpHeaders(headers))
     config = auth.AwsSigningConfig(
         algorithm=auth.AwsSigningAlgorithm.V4,
@@ -299,7 +300,7 @@ def test_wrong_secret_and_unknown_key(signed: Wire) -> None:
         authenticate(signed.method, signed.raw_path, signed.query, signed.headers, lambda _: None, now=NOW)
 
 
-@pytest.mark.parametrize("minutes,ok", [(14, True), (-14, True), (16, False), (-16, False)])
+@pytest.mark.parametrize(("minutes", "ok"), [(14, True), (-14, True), (16, False), (-16, False)])
 def test_clock_skew(signed: Wire, minutes: int, ok: bool) -> None:
     now = NOW + timedelta(minutes=minutes)
     if ok:

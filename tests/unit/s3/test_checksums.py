@@ -18,6 +18,7 @@ from gateway.api.s3.checksums import (
     header_for_algorithm,
     new_checksum,
 )
+from tests.requirements import require_module
 
 VECTORS = {  # the CRC catalogue's check values over b"123456789"
     "crc32": 0xCBF43926,
@@ -29,7 +30,7 @@ VECTORS = {  # the CRC catalogue's check values over b"123456789"
 @pytest.mark.parametrize("algorithm", sorted(VECTORS))
 def test_check_values(algorithm: str) -> None:
     if algorithm != "crc32":
-        pytest.importorskip("awscrt")
+        require_module("awscrt")
     checksum = new_checksum(algorithm)
     checksum.update(b"123456789")
     size = ALGORITHMS[algorithm][1]
@@ -40,7 +41,7 @@ def test_check_values(algorithm: str) -> None:
 def _botocore(algorithm: str) -> object:
     classes: dict[str, type] = {"crc32": Crc32Checksum, "sha1": Sha1Checksum, "sha256": Sha256Checksum}
     if algorithm in ("crc32c", "crc64nvme"):
-        pytest.importorskip("awscrt")
+        require_module("awscrt")
         from botocore.httpchecksum import CrtCrc32cChecksum, CrtCrc64NvmeChecksum
 
         classes.update(crc32c=CrtCrc32cChecksum, crc64nvme=CrtCrc64NvmeChecksum)

@@ -26,6 +26,7 @@ from gateway.api.s3.errors import (
     S3Error,
     SignatureDoesNotMatch,
 )
+from tests.requirements import require_module
 from tests.unit.s3.clients import ACCESS_KEY, SECRET, aiter_pieces, collect, split_randomly
 
 # -- AWS's published example (sigv4-streaming.html and sigv4-streaming-trailers.html) ----------------
@@ -146,7 +147,7 @@ async def test_aws_example_signed_chunks(max_piece: int) -> None:
 
 @pytest.mark.parametrize("max_piece", [1, 5, 4096, 1 << 20])
 async def test_aws_example_signed_trailer(max_piece: int) -> None:
-    pytest.importorskip("awscrt")
+    require_module("awscrt")
     auth, body = example_signed_trailer()
     assert auth.payload_mode is PayloadMode.STREAMING_SIGNED_TRAILER
     data = await decode(body, auth.payload_mode, auth=auth, trailer="crc32c", decoded_length=66560, max_piece=max_piece)
@@ -163,7 +164,7 @@ async def test_aws_example_tampered() -> None:
 
 
 async def test_aws_example_bad_trailer_signature() -> None:
-    pytest.importorskip("awscrt")
+    require_module("awscrt")
     auth, body = example_signed_trailer()
     with pytest.raises(SignatureDoesNotMatch):
         await decode(body.replace(b"d81f82fc", b"d81f82fd"), auth.payload_mode, auth=auth, trailer="crc32c")
@@ -230,7 +231,9 @@ def crc32_b64(data: bytes) -> str:
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
 
-@pytest.mark.parametrize("size,chunk_size", [(0, 8192), (1, 8192), (8192, 8192), (100_000, 8192), (300_000, 65536)])
+@pytest.mark.parametrize(
+    ("size", "chunk_size"), [(0, 8192), (1, 8192), (8192, 8192), (100_000, 8192), (300_000, 65536)]
+)
 async def test_signed_chunks(size: int, chunk_size: int) -> None:
     data = random.Random(size).randbytes(size)
     auth = signed_auth(PayloadMode.STREAMING_SIGNED)
@@ -287,7 +290,7 @@ BOTOCORE_CHECKSUMS = {"crc32": Crc32Checksum, "sha1": Sha1Checksum, "sha256": Sh
 def botocore_checksum_cls(algorithm: str) -> Any:
     if algorithm in BOTOCORE_CHECKSUMS:
         return BOTOCORE_CHECKSUMS[algorithm]
-    pytest.importorskip("awscrt")
+    require_module("awscrt")
     from botocore.httpchecksum import CrtCrc32cChecksum, CrtCrc64NvmeChecksum
 
     return {"crc32c": CrtCrc32cChecksum, "crc64nvme": CrtCrc64NvmeChecksum}[algorithm]
@@ -307,7 +310,9 @@ UNSIGNED_TRAILER = PayloadMode.STREAMING_UNSIGNED_TRAILER
 
 
 @pytest.mark.parametrize("algorithm", ["crc32", "crc32c", "crc64nvme", "sha1", "sha256"])
-@pytest.mark.parametrize("size,chunk_size", [(0, 1024), (1, 1024), (5000, 1), (100_000, 1000), (3_000_000, 1 << 20)])
+@pytest.mark.parametrize(
+    ("size", "chunk_size"), [(0, 1024), (1, 1024), (5000, 1), (100_000, 1000), (3_000_000, 1 << 20)]
+)
 async def test_botocore_unsigned_trailer(algorithm: str, size: int, chunk_size: int) -> None:
     data = random.Random(size).randbytes(size)
     body = botocore_chunked(data, algorithm, chunk_size)
@@ -459,11 +464,11 @@ async def test_decode_only_once() -> None:
 
 
 def test_constructor_guards() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not an aws-chunked payload mode"):
         AwsChunkedDecoder(aiter_pieces([]), PayloadMode.UNSIGNED)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="signed chunks need the AuthResult"):
         AwsChunkedDecoder(aiter_pieces([]), PayloadMode.STREAMING_SIGNED)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no trailer to carry a checksum"):
         AwsChunkedDecoder(
             aiter_pieces([]),
             PayloadMode.STREAMING_SIGNED,

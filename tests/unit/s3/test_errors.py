@@ -50,7 +50,7 @@ REQUIRED = {
 }
 
 
-@pytest.mark.parametrize("code,status", sorted(REQUIRED.items()))
+@pytest.mark.parametrize(("code", "status"), sorted(REQUIRED.items()))
 def test_table(code: str, status: int) -> None:
     error = S3Error(code)
     assert error.status == status and error.message == ERRORS[code].message

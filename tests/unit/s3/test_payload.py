@@ -184,7 +184,7 @@ async def test_read_once_and_compute_unknown() -> None:
     await collect(payload)
     with pytest.raises(RuntimeError):
         payload.__aiter__()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown checksum algorithm 'md4'"):
         _open(wire, compute=["md4"])
 
 

@@ -188,7 +188,7 @@ def test_delete_result(quiet: bool) -> None:
     assert result["Errors"] == [{"Key": "x", "Code": "AccessDenied", "Message": "Access Denied"}]
 
 
-@pytest.mark.parametrize("region,expected", [("us-east-1", None), ("eu-west-1", "eu-west-1")])
+@pytest.mark.parametrize(("region", "expected"), [("us-east-1", None), ("eu-west-1", "eu-west-1")])
 def test_location_constraint(region: str, expected: str | None) -> None:
     result = botocore_parse(lambda c: c.get_bucket_location(Bucket="bkt"), s3xml.render_location_constraint(region))
     assert result.get("LocationConstraint") == expected
@@ -231,7 +231,7 @@ def test_parse_complete_multipart_upload_lmcache_shape() -> None:
 
 
 @pytest.mark.parametrize(
-    "body,code",
+    ("body", "code"),
     [
         (b"", "MalformedXML"),
         (b"<CompleteMultipartUpload/>", "MalformedXML"),

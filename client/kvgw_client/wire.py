@@ -94,6 +94,12 @@ def checksum_hex(value: int) -> str:
     return f"{value:016x}"
 
 
+def etag(value: int) -> str:
+    """The ETag of a chunk (or multipart part) whose xxh3-64 is ``value``: its checksum, quoted. Both
+    of the gateway's APIs send it; the S3 API also takes it back unquoted."""
+    return f'"{checksum_hex(value)}"'
+
+
 def encode_batch_header(count: int) -> bytes:
     return BATCH_HEADER.pack(BATCH_MAGIC, BATCH_VERSION, 0, count)
 

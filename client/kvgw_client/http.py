@@ -1,0 +1,861 @@
+"""The one client of kvgw's native chunk API, shared by the LMCache connector, the L2 adapter, the
+CPU staging prefetcher and ``kvgw bench``. Its failure policy is in ``kvgw_client.policy``, its
+calls for plain threads in ``kvgw_client.blocking``.
+
+Why aiohttp: LMCache already depends on it (nothing new in the inference process), its C HTTP parser
+and streaming body reads carry multi-megabyte chunks with little overhead, and it accepts a streamed
+request body with an explicit Content-Length, so a PUT sends LMCache's buffer in 1 MiB slices without
+copying it. httpx has a sync client too, but that would be a second pool and a second code path;
+here sync callers reach the same async core through ``IoLoop.call`` (see ``kvgw_client.loop``).
+
+Threading: every method may be called from any thread or event loop. The work runs on the client's
+I/O loop (one keep-alive pool, one health state); an awaiting caller's loop only waits on a future,
+and ``client.blocking`` blocks only the calling thread. Callbacks a caller passes (buffer providers,
+``on_item``) run on the I/O thread and must not block.
+
+Failure policy (``CallPolicy``): retryable failures (connection, timeout, 500/502/503/504, 429) are
+retried with jittered backoff, a streamed body never once bytes reached the caller; failures that
+say something about the gateway open a circuit after N in a row, then a probe decides when to try
+again; every failure is counted and logged once per burst. ``quiet=True`` turns any gateway-side
+failure into the call's neutral answer (no keys, no data, ``PutOutcome.FAILED``, LOST items) instead
+of an exception; programming errors still raise. A malformed answer (JSON of the wrong shape, bad
+framing) is a failure like any other. Data is never handed out unverified: size against
+Content-Length or the frame length, and xxh3-64 against X-Kvgw-Checksum or the frame checksum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import enum
+import functools
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+import xxhash
+from yarl import URL
+
+from kvgw_client import keys as keyrules
+from kvgw_client import wire
+from kvgw_client.blocking import BlockingClient
+from kvgw_client.config import ClientSettings
+from kvgw_client.direct import DirectReader, Location, ReadResult, parse_locations
+from kvgw_client.errors import (
+    ClientClosed,
+    KvgwClientError,
+    ProtocolError,
+    Rejected,
+    Unavailable,
+)
+from kvgw_client.framing import (
+    BatchItem,
+    BatchReader,
+    BufferProvider,
+    Destination,
+    ItemStatus,
+    PayloadWriter,
+    byte_view,
+    destination_views,
+)
+from kvgw_client.health import CircuitState, Counters
+from kvgw_client.loop import IoLoop
+from kvgw_client.policy import CallPolicy, error_from, translate
+from kvgw_client.wire import encode_key as encode_key
+
+T = TypeVar("T")
+
+log = logging.getLogger("kvgw.client")
+
+Buffer = bytes | bytearray | memoryview
+Payload = Buffer | Sequence[Buffer]
+"""A chunk body: one buffer, or several sent back to back (LMCache's metadata header and tensor)."""
+
+_WRITE_SLICE = 1 << 20
+_BRIDGE_DEPTH = 4
+
+
+class PutOutcome(enum.StrEnum):
+    STORED = "stored"  # 201: this write created the chunk
+    EXISTED = "existed"  # 200 + X-Kvgw-Existed: the key was already stored (first write wins)
+    FAILED = "failed"  # only with quiet=True: the write did not happen or its fate is unknown
+
+
+def _check_key(key: str) -> None:
+    try:
+        keyrules.validate_key(key)
+    except keyrules.InvalidKeyError as exc:
+        raise Rejected(400, wire.ErrorCode.INVALID_KEY, f"{key[:80]!r}: {exc}", None) from exc
+
+
+def _payload_views(data: Payload) -> list[memoryview]:
+    if isinstance(data, bytes | bytearray | memoryview):
+        return [byte_view(data)]
+    return [byte_view(part) for part in data]
+
+
+async def _slices(views: list[memoryview]) -> AsyncIterator[memoryview]:
+    for view in views:
+        for start in range(0, len(view), _WRITE_SLICE):
+            yield view[start : start + _WRITE_SLICE]
+
+
+def _batches(keys: list[str], size: int) -> Iterator[tuple[int, list[str]]]:
+    for start in range(0, len(keys), size):
+        yield start, keys[start : start + size]
+
+
+def _maybe_timeout(seconds: float | None) -> contextlib.AbstractAsyncContextManager[object]:
+    return asyncio.timeout(seconds) if seconds is not None else contextlib.nullcontext()
+
+
+@dataclass(slots=True)
+class _End:
+    error: BaseException | None
+
+
+class _Credit:
+    """Flow control of the cross-loop batch bridge: the producer's semaphore lives on the I/O loop."""
+
+    sem: asyncio.Semaphore | None = None
+
+    def release(self) -> None:
+        if self.sem is not None:
+            self.sem.release()
+
+
+class KvgwClient:
+    def __init__(
+        self,
+        settings: ClientSettings,
+        *,
+        io: IoLoop | None = None,
+        logger: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self._io = io if io is not None else IoLoop()
+        self._owns_io = io is None
+        self.counters = Counters()
+        self._log = logger or log
+        self._lease_refusals: set[str] = set()  # reasons already logged
+        self._policy = CallPolicy(
+            settings, logger or log, self.counters, probe=self._probe_once, is_closed=lambda: self._closed,
+            clock=clock, rand=rand,
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._write_gate: asyncio.Semaphore | None = None
+        self._closed = False
+        base = settings.url.rstrip("/")
+        self._probe_url = URL(base + settings.health.probe_path, encoded=True)
+        self._bucket_url = f"{base}{wire.API_PREFIX}/buckets/{quote(settings.bucket, safe='')}"
+        self._headers = {"User-Agent": "kvgw-client/0.1"}
+        if settings.access_key is not None:
+            self._headers["Authorization"] = f"Bearer {settings.access_key}:{settings.secret_key}"
+        self._direct = (None if settings.direct_read_root is None
+                        else DirectReader(settings.direct_read_root, settings.direct_read_threads))
+        self.blocking = BlockingClient(self)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def io(self) -> IoLoop:
+        return self._io
+
+    @property
+    def health(self) -> CircuitState:
+        return self._policy.circuit.state
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict[str, object]:
+        """Counters (calls, retries, bytes, item statuses), failures by ``op.kind``, circuit state."""
+        return {
+            "circuit": str(self._policy.circuit.state),
+            "circuit_opened": self._policy.circuit.opened,
+            "counters": self.counters.snapshot(),
+            "failures": self._policy.failures.counts(),
+        }
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> cf.Future[T]:
+        """Run background work on the I/O loop (the prefetcher's fetches)."""
+        return self._io.submit(coro)
+
+    # ------------------------------------------------------------------ public API
+
+    async def exists(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> list[bool]:
+        """Which of ``keys`` are stored. quiet: all False on failure."""
+        keys = list(keys)
+        if not keys:
+            return []
+        return await self._io.run(
+            self._policy.op(
+                "exists", lambda: self._exists(keys), quiet=quiet, fallback=[False] * len(keys), deadline=timeout
+            )
+        )
+
+    async def prefix(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
+        """How many leading ``keys`` are all stored. quiet: 0 on failure."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        return await self._io.run(
+            self._policy.op("prefix", lambda: self._prefix(keys), quiet=quiet, fallback=0, deadline=timeout)
+        )
+
+    async def touch(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
+        """Count reads done elsewhere (a cache tier in front of kvgw) for eviction: how many of ``keys``
+        were stored. quiet: 0 on failure."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        return await self._io.run(
+            self._policy.op("touch", lambda: self._touch(keys), quiet=quiet, fallback=0, deadline=timeout)
+        )
+
+    async def put(
+        self,
+        key: str,
+        data: Payload,
+        *,
+        parent: str | None = None,
+        ttl: int | None = None,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> PutOutcome:
+        """Store a chunk (write-once). ``data`` is read until this returns, and not after."""
+        return await self._io.run(
+            self._policy.op(
+                "put", lambda: self._put(key, data, parent, ttl), quiet=quiet, fallback=PutOutcome.FAILED,
+                deadline=timeout,
+            )
+        )
+
+    async def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
+        """A chunk's verified bytes, or None if absent (quiet: also on failure)."""
+        item = await self._io.run(
+            self._policy.op("get", lambda: self._get(key, None), quiet=quiet, fallback=None, deadline=timeout)
+        )
+        return item.data if item is not None and item.ok else None
+
+    async def get_into(
+        self, key: str, into: BufferProvider, *, quiet: bool = False, timeout: float | None = None
+    ) -> ItemStatus:
+        """Copy a chunk straight into ``into(0, length)``. OK, MISSING or REFUSED; quiet: LOST on failure
+        (then the buffer, if one was handed out, holds garbage)."""
+        item = await self._io.run(
+            self._policy.op("get", lambda: self._get(key, into), quiet=quiet, fallback=None, deadline=timeout)
+        )
+        return ItemStatus.LOST if item is None else item.status
+
+    async def delete(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bool:
+        """Delete a chunk (root credentials only); False if it was absent (quiet: or on failure)."""
+        return await self._io.run(
+            self._policy.op("delete", lambda: self._delete(key), quiet=quiet, fallback=False, deadline=timeout)
+        )
+
+    async def ping(self) -> bool:
+        """Probe the gateway's readiness; never raises. A success closes an open circuit."""
+        if self._closed:
+            return False
+        return await self._io.run(self._ping())
+
+    async def batch_get(
+        self, keys: Sequence[str], *, into: BufferProvider | None = None, quiet: bool = False
+    ) -> AsyncIterator[BatchItem]:
+        """Stream one BatchItem per key, in key order, as frames arrive.
+
+        Without ``into`` each OK item carries its payload; with ``into`` payloads go straight into the
+        buffers it returns (called on the I/O thread). A failure turns the remaining items LOST;
+        unless ``quiet``, it is then raised after the last item.
+        """
+        keys = list(keys)
+        if self._io.in_loop():
+            async for item in self._iter_batch(keys, into, quiet):
+                yield item
+            return
+        consumer = asyncio.get_running_loop()
+        queue: asyncio.Queue[BatchItem | _End] = asyncio.Queue()
+        credit = _Credit()
+
+        async def produce() -> None:
+            sem = credit.sem = asyncio.Semaphore(_BRIDGE_DEPTH)
+            end = _End(None)
+            try:
+                async for item in self._iter_batch(keys, into, quiet):
+                    await sem.acquire()
+                    consumer.call_soon_threadsafe(queue.put_nowait, item)
+            except BaseException as exc:
+                end = _End(exc)
+                raise
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    consumer.call_soon_threadsafe(queue.put_nowait, end)
+
+        future = self._io.submit(produce())
+        try:
+            while True:
+                got = await queue.get()
+                if isinstance(got, _End):
+                    if got.error is not None and not isinstance(got.error, asyncio.CancelledError):
+                        raise got.error
+                    return
+                self._io.call_soon(credit.release)
+                yield got
+        finally:
+            if not future.done():
+                future.cancel()
+
+    async def batch_get_into(
+        self,
+        keys: Sequence[str],
+        into: BufferProvider,
+        *,
+        on_item: Callable[[BatchItem], None] | None = None,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> list[ItemStatus]:
+        """Fetch ``keys`` into caller buffers; ``on_item`` sees each item on the I/O thread as it
+        completes. Returns every key's status (quiet: failures are LOST, never raised).
+
+        ``timeout`` bounds the whole call: items complete by then keep their status, the rest are LOST.
+        No buffer is written after this returns (the stream is cut on the I/O loop, between frames'
+        bytes, before the statuses are handed back)."""
+        return await self._io.run(self._batch_into(list(keys), into, on_item, quiet, timeout))
+
+    async def list_keys(
+        self,
+        prefix: str = "",
+        *,
+        after: str | None = None,
+        limit: int = 1000,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> tuple[list[str], bool]:
+        """One page of the bucket's keys under ``prefix``, strictly after ``after``, in UTF-8 byte
+        order: ``(keys, truncated)``; continue with ``after=keys[-1]`` while ``truncated``.
+        quiet: ``([], False)`` on failure."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        return await self._io.run(
+            self._policy.op(
+                "list", lambda: self._list(prefix, after, limit), quiet=quiet, fallback=([], False),
+                deadline=timeout,
+            )
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ClientClosed):
+            await self._io.run(self._shutdown())
+        if self._owns_io:
+            if self._io.in_loop():
+                self._io.close()
+            else:
+                await asyncio.to_thread(self._io.close)
+
+    def close(self) -> None:
+        """Close from a plain thread (waits) or from an event loop thread (does not wait)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        with contextlib.suppress(ClientClosed, cf.TimeoutError, cf.CancelledError):
+            if on_loop:
+                self._io.submit(self._shutdown())
+            else:
+                self._io.call(self._shutdown(), timeout=5.0)
+        if self._owns_io:
+            self._io.close(timeout=0.0 if on_loop else 5.0)
+
+    # ------------------------------------------------------------------ operations (I/O loop)
+
+    def _chunk_url(self, key: str) -> URL:
+        return URL(f"{self._bucket_url}/chunks/{encode_key(key)}", encoded=True)
+
+    async def _exists(self, keys: list[str]) -> list[bool]:
+        for key in keys:
+            _check_key(key)
+        out: list[bool] = []
+        for _, part in _batches(keys, self.settings.max_keys_per_call):
+
+            def found(doc: object, n: int = len(part)) -> list[bool]:
+                value = doc.get("exists") if isinstance(doc, dict) else None
+                if not isinstance(value, list) or len(value) != n or not all(isinstance(b, bool) for b in value):
+                    raise ProtocolError(f"exists: expected {n} booleans, got {str(doc)[:200]}")
+                return value
+
+            out.extend(await self._post_json("exists", "exists", part, found, lease=True))
+        return out
+
+    async def _prefix(self, keys: list[str]) -> int:
+        for key in keys:
+            _check_key(key)
+        total = 0
+        for _, part in _batches(keys, self.settings.max_keys_per_call):
+
+            length = await self._post_json("prefix", "prefix", part,
+                                           functools.partial(_count_in, "prefix", "length", len(part)), lease=True)
+            total += length
+            if length < len(part):
+                break
+        return total
+
+    async def _touch(self, keys: list[str]) -> int:
+        for key in keys:
+            _check_key(key)
+        total = 0
+        for _, part in _batches(keys, self.settings.max_keys_per_call):
+
+            total += await self._post_json("touch", "touch", part,
+                                           functools.partial(_count_in, "touch", "touched", len(part)))
+        return total
+
+    async def _post_json(self, op: str, endpoint: str, keys: list[str], parse: Callable[[object], T], *,
+                         lease: bool = False) -> T:
+        """POST ``{"keys": keys}``; ``parse`` checks the answer's shape inside the attempt, so a malformed
+        answer is counted, logged and trips the circuit like any other failure. ``lease``: a lookup, which
+        asks for the settings' ``lease_ms`` (a lease the gateway refused is counted, ``lease_refused``)."""
+        url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
+        lease_ms = self.settings.lease_ms if lease else 0
+        body: dict[str, object] = {"keys": keys, "lease_ms": lease_ms} if lease_ms else {"keys": keys}
+
+        async def attempt() -> T:
+            async with (
+                translate(op),
+                asyncio.timeout(self.settings.timeouts.control),
+                self._http().post(url, json=body) as resp,
+            ):
+                if resp.status != 200:
+                    raise await error_from(resp)
+                raw = await resp.read()
+            try:
+                doc = json.loads(raw)
+            except ValueError as exc:
+                raise ProtocolError(f"{op}: response is not JSON") from exc
+            value = parse(doc)
+            if lease_ms:
+                self._count_lease(op, doc)
+            return value
+
+        return await self._policy.attempts(op, attempt)
+
+    def _count_lease(self, op: str, doc: object) -> None:
+        """A lookup's lease: counted when refused (logged once per reason), never an error: the lookup's
+        answer stands, only unprotected against eviction before its load."""
+        lease = doc.get("lease") if isinstance(doc, dict) else None
+        refused = lease.get("refused") if isinstance(lease, dict) else "the gateway granted no lease"
+        if refused is None:
+            return
+        self.counters.add("lease_refused")
+        if str(refused) not in self._lease_refusals:
+            self._lease_refusals.add(str(refused))
+            self._log.warning("kvgw %s: no read lease: %s", op, refused)
+
+    async def _put(self, key: str, data: Payload, parent: str | None, ttl: int | None) -> PutOutcome:
+        _check_key(key)
+        views = _payload_views(data)
+        length = sum(len(v) for v in views)
+        hasher = xxhash.xxh3_64()
+        for view in views:
+            hasher.update(view)
+        headers = {
+            "Content-Type": wire.CHUNK_CONTENT_TYPE,
+            "Content-Length": str(length),
+            wire.H_CHECKSUM: hasher.hexdigest(),
+        }
+        if parent is not None:
+            _check_key(parent)
+            headers[wire.H_PARENT] = encode_key(parent)
+        if ttl is not None:
+            if ttl <= 0:
+                raise ValueError("ttl must be a positive number of seconds")
+            headers[wire.H_TTL] = str(int(ttl))
+        url = self._chunk_url(key)
+
+        async def attempt() -> PutOutcome:
+            async with (
+                self._writer_slot(),
+                translate("put"),
+                _maybe_timeout(self.settings.timeouts.transfer),
+                self._http().put(url, data=_slices(views), headers=headers) as resp,
+            ):
+                if resp.status == 201:
+                    return PutOutcome.STORED
+                if resp.status == 200:
+                    existed = resp.headers.get(wire.H_EXISTED, "").lower() == "true"
+                    return PutOutcome.EXISTED if existed else PutOutcome.STORED
+                raise await error_from(resp)
+
+        outcome = await self._policy.attempts("put", attempt)
+        self.counters.add("put.bytes", length)
+        self.counters.add(f"put.{outcome}")
+        return outcome
+
+    async def _get(self, key: str, into: BufferProvider | None) -> BatchItem:
+        _check_key(key)
+        url = self._chunk_url(key)
+        handed_out = False  # once the caller's buffer holds bytes, another attempt would ask for a new one
+
+        async def attempt() -> BatchItem:
+            try:
+                return await transfer()
+            except KvgwClientError as exc:
+                if handed_out:
+                    exc.retryable = False
+                raise
+
+        async def transfer() -> BatchItem:
+            nonlocal handed_out
+            async with (
+                translate("get"),
+                _maybe_timeout(self.settings.timeouts.transfer),
+                self._http().get(url) as resp,
+            ):
+                if resp.status == 404:
+                    err = await error_from(resp)
+                    if isinstance(err, Rejected) and err.code == wire.ErrorCode.NO_SUCH_CHUNK:
+                        return BatchItem(0, ItemStatus.MISSING)
+                    raise err
+                if resp.status != 200:
+                    raise await error_from(resp)
+                length, expected = self._chunk_headers(resp)
+                data: bytearray | None = None
+                if into is None:
+                    data = bytearray(length)
+                    writer = PayloadWriter([memoryview(data)], length)
+                else:
+                    dest = into(0, length)
+                    handed_out = True
+                    if dest is None:
+                        return BatchItem(0, ItemStatus.REFUSED, length)
+                    views = destination_views(dest)
+                    if sum(len(v) for v in views) != length:
+                        raise ValueError(f"buffer provider returned the wrong size for {length} bytes")
+                    writer = PayloadWriter(views, length)
+                async for chunk in resp.content.iter_any():
+                    if len(chunk) > writer.remaining:
+                        raise ProtocolError("get: more body bytes than Content-Length")
+                    writer.write(memoryview(chunk))
+                if writer.remaining:
+                    raise Unavailable(f"get: body cut short, {writer.remaining} of {length} bytes missing")
+                if expected is not None and writer.digest() != expected:
+                    raise ProtocolError(f"get {key[:80]!r}: payload checksum mismatch")
+                self.counters.add("get.bytes", length)
+                return BatchItem(0, ItemStatus.OK, length, data)
+
+        return await self._policy.attempts("get", attempt)
+
+    def _chunk_headers(self, resp: aiohttp.ClientResponse) -> tuple[int, int | None]:
+        raw_length = resp.headers.get("Content-Length")
+        if raw_length is None or not raw_length.isdigit():
+            raise ProtocolError("get: response has no valid Content-Length")
+        length = int(raw_length)
+        if length > self.settings.max_chunk_bytes:
+            raise ProtocolError(f"get: {length} bytes exceeds max_chunk_bytes")
+        raw_sum = resp.headers.get(wire.H_CHECKSUM)
+        if raw_sum is None:
+            if self.settings.require_checksum:
+                raise ProtocolError(f"get: response has no {wire.H_CHECKSUM}")
+            return length, None
+        try:
+            if len(raw_sum) != 16:
+                raise ValueError(raw_sum)
+            return length, int(raw_sum, 16)
+        except ValueError as exc:
+            raise ProtocolError(f"get: malformed {wire.H_CHECKSUM} {raw_sum[:40]!r}") from exc
+
+    async def _delete(self, key: str) -> bool:
+        _check_key(key)
+        url = self._chunk_url(key)
+
+        async def attempt() -> bool:
+            async with (
+                translate("delete"),
+                asyncio.timeout(self.settings.timeouts.control),
+                self._http().delete(url) as resp,
+            ):
+                if resp.status in (200, 204):
+                    return True
+                err = await error_from(resp)
+                if resp.status == 404 and isinstance(err, Rejected) and err.code == wire.ErrorCode.NO_SUCH_CHUNK:
+                    return False
+                raise err
+
+        return await self._policy.attempts("delete", attempt)
+
+    async def _batch_into(
+        self,
+        keys: list[str],
+        into: BufferProvider,
+        on_item: Callable[[BatchItem], None] | None,
+        quiet: bool,
+        timeout: float | None = None,
+    ) -> list[ItemStatus]:
+        statuses = [ItemStatus.LOST] * len(keys)
+        try:
+            async with _maybe_timeout(timeout):
+                async for item in self._iter_batch(keys, into, quiet):
+                    statuses[item.index] = item.status
+                    if on_item is not None:
+                        on_item(item)
+        except TimeoutError as exc:
+            err = Unavailable(f"batch_get: not complete within {timeout}s", timeout=True)
+            self._policy.note_failure("batch_get", err)
+            if not quiet:
+                raise err from exc
+        return statuses
+
+    async def _list(self, prefix: str, after: str | None, limit: int) -> tuple[list[str], bool]:
+        url = URL(f"{self._bucket_url}/list", encoded=True)
+        body: dict[str, object] = {"prefix": prefix, "limit": limit}
+        if after is not None:
+            body["after"] = after
+
+        async def attempt() -> tuple[list[str], bool]:
+            async with (
+                translate("list"),
+                asyncio.timeout(self.settings.timeouts.control),
+                self._http().post(url, json=body) as resp,
+            ):
+                if resp.status != 200:
+                    raise await error_from(resp)
+                raw = await resp.read()
+            try:
+                doc = json.loads(raw)
+            except ValueError as exc:
+                raise ProtocolError("list: response is not JSON") from exc
+            keys = doc.get("keys") if isinstance(doc, dict) else None
+            truncated = doc.get("truncated") if isinstance(doc, dict) else None
+            if (not isinstance(keys, list) or len(keys) > limit or not all(isinstance(k, str) for k in keys)
+                    or not isinstance(truncated, bool)):
+                raise ProtocolError(f"list: expected keys and truncated, got {str(doc)[:200]}")
+            return keys, truncated
+
+        return await self._policy.attempts("list", attempt)
+
+    async def _iter_batch(
+        self, keys: list[str], into: BufferProvider | None, quiet: bool
+    ) -> AsyncIterator[BatchItem]:
+        """The batch-get core: one item per key in order, failures as LOST, raise at the end."""
+        self.counters.add("batch_get.calls")
+        error: KvgwClientError | None = None
+        try:
+            for key in keys:
+                _check_key(key)
+        except KvgwClientError as exc:
+            error = exc
+            self._policy.note_failure("batch_get", exc)
+        for offset, part in _batches(keys, self.settings.max_keys_per_call):
+            if error is not None:
+                for i in range(len(part)):
+                    yield BatchItem(offset + i, ItemStatus.LOST)
+                continue
+            async for item in self._iter_part(list(range(offset, offset + len(part))), part, into):
+                if isinstance(item, KvgwClientError):
+                    error = item
+                else:
+                    self.counters.add(f"batch_get.{item.status}")
+                    if item.status is ItemStatus.CORRUPT:
+                        self._policy.failures.failure("batch_get", "corrupt", f"frame {item.index}: checksum mismatch")
+                    yield item
+        if error is not None and not quiet:
+            raise error
+
+    async def _iter_part(
+        self, positions: list[int], keys: list[str], into: BufferProvider | None
+    ) -> AsyncIterator[BatchItem | KvgwClientError]:
+        """Items of one call's keys (``positions`` are their indices in the caller's list): read
+        directly from the tier directory where configured and possible, the rest through batch-get."""
+        if self._direct is None:
+            async for got in self._iter_http(positions, keys, into):
+                yield got
+            return
+        done, rest, into = await self._read_direct(positions, keys, into)
+        ready = sorted(done)
+        if rest:
+            async for got in self._iter_http([positions[j] for j in rest], [keys[j] for j in rest], into):
+                if isinstance(got, BatchItem):
+                    while ready and ready[0] < got.index:
+                        yield done.pop(ready.pop(0))
+                yield got
+        for position in ready:
+            yield done[position]
+
+    async def _read_direct(
+        self, positions: list[int], keys: list[str], into: BufferProvider | None
+    ) -> tuple[dict[int, BatchItem], list[int], BufferProvider | None]:
+        """Locate ``keys`` and read the file copies. Returns the finished items by position, the
+        indices into ``keys`` left for batch-get, and the buffer provider batch-get must use: it hands
+        back the buffer a failed direct read already took, so no position is ever given two."""
+        assert self._direct is not None
+        parse = functools.partial(parse_locations, count=len(keys), max_size=self.settings.max_chunk_bytes)
+        try:
+            located = await self._post_json("locate", "locate", keys, parse, lease=True)
+        except KvgwClientError:  # counted and logged by the call policy; batch-get decides the items
+            return {}, list(range(len(keys))), into
+        done: dict[int, BatchItem] = {}
+        rest: list[int] = []
+        jobs: list[tuple[int, Location, Destination]] = []
+        for j, loc in enumerate(located):
+            if loc is None:
+                done[positions[j]] = BatchItem(positions[j], ItemStatus.MISSING)
+            elif loc.path is None:
+                rest.append(j)
+            else:
+                dest = memoryview(bytearray(loc.size)) if into is None else into(positions[j], loc.size)
+                if dest is None:
+                    done[positions[j]] = BatchItem(positions[j], ItemStatus.REFUSED, loc.size)
+                else:
+                    jobs.append((j, loc, dest))
+        results = await self._direct.read_all([(loc, dest) for _, loc, dest in jobs])
+        taken: dict[int, tuple[int, Destination]] = {}
+        for (j, loc, dest), result in zip(jobs, results, strict=True):
+            if result is ReadResult.OK:
+                data = dest.obj if into is None and isinstance(dest, memoryview) else None
+                assert data is None or isinstance(data, bytearray)
+                done[positions[j]] = BatchItem(positions[j], ItemStatus.OK, loc.size, data)
+                self.counters.add("direct.ok")
+                self.counters.add("direct.bytes", loc.size)
+                continue
+            self.counters.add(f"direct.{result.value}")
+            self._policy.failures.failure("direct_read", result.value,
+                                          f"{self._direct.root}/{loc.path}: fetching through the gateway")
+            rest.append(j)
+            if into is not None:
+                taken[positions[j]] = (loc.size, dest)
+        rest.sort()
+        if not taken or into is None:
+            return done, rest, into
+        provider = into
+
+        def reuse(position: int, length: int) -> Destination | None:
+            if position not in taken:
+                return provider(position, length)
+            size, dest = taken.pop(position)
+            return dest if size == length else None
+
+        return done, rest, reuse
+
+    async def _iter_http(
+        self, positions: list[int], keys: list[str], into: BufferProvider | None
+    ) -> AsyncIterator[BatchItem | KvgwClientError]:
+        shifted = None if into is None else (lambda index, length: into(positions[index], length))
+        reader = BatchReader(len(keys), into=shifted, max_length=self.settings.max_chunk_bytes)
+        url = URL(f"{self._bucket_url}/batch-get", encoded=True)
+
+        async def open_stream() -> aiohttp.ClientResponse:
+            async with translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
+                resp = await self._http().post(url, json={"keys": keys})
+                try:
+                    if resp.status != 200:
+                        raise await error_from(resp)
+                    if resp.content_type != wire.BATCH_CONTENT_TYPE:
+                        raise ProtocolError(f"batch_get: unexpected content type {resp.content_type!r}")
+                except BaseException:
+                    resp.release()
+                    raise
+                return resp
+
+        failure: KvgwClientError | None = None
+        try:
+            resp = await self._policy.attempts("batch_get", open_stream)
+        except KvgwClientError as exc:
+            failure = exc
+        else:
+            try:
+                async with translate("batch_get"):
+                    try:
+                        async for chunk in resp.content.iter_any():
+                            for item in reader.feed(chunk):
+                                yield BatchItem(positions[item.index], item.status, item.length, item.data)
+                            if reader.error is not None:
+                                break
+                    finally:
+                        if reader.complete and reader.error is None:
+                            resp.release()
+                        else:
+                            resp.close()
+                if reader.error is not None:
+                    raise ProtocolError(f"batch_get: {reader.error}")
+                if not reader.complete:
+                    raise Unavailable("batch_get: stream ended before its trailer")
+            except KvgwClientError as exc:
+                failure = exc
+                self._policy.note_failure("batch_get", exc)
+            self.counters.add("batch_get.bytes", reader.bytes_received)
+        for item in reader.close():
+            yield BatchItem(positions[item.index], item.status)
+        if failure is not None:
+            yield failure
+
+    async def _ping(self) -> bool:
+        ok = await self._probe_once()
+        if ok:
+            self._policy.recovered()
+        return ok
+
+    async def _probe_once(self) -> bool:
+        try:
+            async with asyncio.timeout(self.settings.timeouts.control):
+                async with self._http().get(self._probe_url) as resp:
+                    await resp.read()
+                    return resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError, KvgwClientError):
+            return False
+
+    async def _shutdown(self) -> None:
+        self._policy.stop_probing()
+        if self._direct is not None:
+            self._direct.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            if self._closed:
+                raise ClientClosed()
+            t = self.settings.timeouts
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.settings.pool_size, limit_per_host=self.settings.pool_size, keepalive_timeout=30.0,
+                    ssl=self.settings.ssl_context(),
+                ),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read),
+                headers=self._headers,
+                auto_decompress=False,
+            )
+        return self._session
+
+    @contextlib.asynccontextmanager
+    async def _writer_slot(self) -> AsyncIterator[None]:
+        """Bounds concurrent PUTs so reads always find a free connection in the pool."""
+        if self._write_gate is None:
+            self._write_gate = asyncio.Semaphore(self.settings.write_concurrency)
+        async with self._write_gate:
+            yield
+
+
+def _count_in(op: str, field: str, n: int, doc: object) -> int:
+    """``doc[field]``, a count in 0..n (prefix's length, touch's count); ProtocolError otherwise."""
+    value = doc.get(field) if isinstance(doc, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n:
+        raise ProtocolError(f"{op}: expected \"{field}\" in 0..{n}, got {str(doc)[:200]}")
+    return value

@@ -1,0 +1,106 @@
+"""The cluster's access to the shared catalog database: its own engine and its own worker thread.
+
+The cluster tables (revision 0005: ``chunk_events``, ``feed_head``, ``tier_usage``, ``cluster_members``,
+``cluster_leases``) live in the catalog database, but the cluster talks to it through an engine of its
+own (a small pool, a connect timeout on PostgreSQL) and one worker thread of its own, so a slow or
+unreachable database stalls only the cluster's background work, never the catalog refresh, the
+event loop or the threads that do file I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Table, create_engine, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from backends.catalog.models import CatalogMeta, ChunkEvent, ClusterLease, ClusterMember, FeedHead, TierUsage
+from backends.catalog.store import make_engine
+
+T = TypeVar("T")
+
+EVENTS: Table = ChunkEvent.__table__  # type: ignore[assignment]
+HEAD: Table = FeedHead.__table__  # type: ignore[assignment]
+USAGE: Table = TierUsage.__table__  # type: ignore[assignment]
+MEMBERS: Table = ClusterMember.__table__  # type: ignore[assignment]
+LEASES: Table = ClusterLease.__table__  # type: ignore[assignment]
+META: Table = CatalogMeta.__table__  # type: ignore[assignment]
+
+FEED_ID = "cluster_feed_id"  # catalog_meta: the identity of this catalog's feed (an index records it)
+USAGE_COUNTED = "cluster_usage_counted_at"  # catalog_meta: tier_usage was counted from the tiers once
+CONNECT_TIMEOUT_SECONDS = 5
+
+_CHANNEL = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class ClusterDB:
+    """An engine on the catalog database for the cluster's background work, and the thread it runs in."""
+
+    def __init__(self, url: str, *, channel: str = "kvgw_feed") -> None:
+        if not _CHANNEL.match(channel):
+            raise ValueError(f"the feed channel must be a lower-case SQL identifier, not {channel!r}")
+        self.url = url
+        self.channel = channel
+        if url.startswith("postgresql"):
+            self.engine: Engine = create_engine(url, pool_pre_ping=True, pool_size=3, max_overflow=2,
+                                                connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS})
+        else:
+            self.engine = make_engine(url)
+        self.postgres = self.engine.dialect.name == "postgresql"
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgw-cluster")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking database call in the cluster's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def listen_dsn(self) -> str | None:
+        """A libpq connection string for LISTEN (PostgreSQL only)."""
+        if not self.postgres:
+            return None
+        return self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def upsert(self, table: Table) -> Any:
+        """The dialect's INSERT that supports ``on_conflict_do_update`` (PostgreSQL and SQLite)."""
+        return (postgresql.insert if self.postgres else sqlite.insert)(table)
+
+    def feed_id(self) -> str:
+        """This catalog's feed identity, created on first use (race-safe)."""
+        import secrets
+
+        with self.engine.begin() as conn:
+            found = conn.execute(select(META.c.value).where(META.c.name == FEED_ID)).scalar_one_or_none()
+        if found is not None:
+            return str(found)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(META.insert().values(name=FEED_ID, value=secrets.token_hex(8)))
+        except IntegrityError:
+            pass  # another gateway created it meanwhile
+        with self.engine.begin() as conn:
+            return str(conn.execute(select(META.c.value).where(META.c.name == FEED_ID)).scalar_one())
+
+    @staticmethod
+    def lock_head(conn: Connection) -> int:
+        """Take the feed head's row lock for the rest of the transaction (serialising with every
+        publisher, on SQLite the database write lock); returns the head."""
+        return int(conn.execute(update(HEAD).where(HEAD.c.id == 1).values(seq=HEAD.c.seq)
+                                .returning(HEAD.c.seq)).scalar_one())
+
+    @staticmethod
+    def head(conn: Connection) -> int:
+        return int(conn.execute(select(HEAD.c.seq).where(HEAD.c.id == 1)).scalar_one())
+
+    def current_head(self) -> int:
+        """The feed head now (blocking)."""
+        with self.engine.connect() as conn:
+            return self.head(conn)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.engine.dispose()

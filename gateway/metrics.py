@@ -1,0 +1,168 @@
+"""Prometheus metrics: what each request did (counted as it passes), and what the gateway holds (read
+from the admin stats when Prometheus scrapes).
+
+- ``RequestMetrics`` wraps each API's ASGI app: requests by API, operation and status; latency
+  histograms per operation (lookups, GET, PUT, batch-get ...); bytes in and out; and, from the
+  native lookups, keys hit and missed. Operations are named by the API that served them: the native
+  API's from its path (``get_chunk``, ``exists``, ``batch-get`` ...), the S3 API's as S3 names them
+  (``GetObject`` ...; the S3 app puts the name in ``scope["kvgw.op"]``).
+- ``StatsCollector`` turns the admin stats (``gateway.stats.gateway_stats``: usage and capacity per
+  bucket and tier, lifecycle actions, promotions, bytes moved, write-through backlog, the S3 breaker,
+  the cluster's feed and leader) into metric families at scrape time, so nothing on the request path
+  pays for them.
+
+``GET /metrics`` (the control plane) serves the registry, protected like ``/v1/admin/stats``.
+Everything here runs on the event loop; prometheus_client's own locks make it safe from threads too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.api.http import Message, Receive, Scope, Send
+
+ASGIApp = Callable[[Scope, Receive, Send], Any]
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0)
+"""From 100 µs (an index-only lookup) to 30 s (a large transfer from a slow client)."""
+
+NATIVE_CHUNK_OPS = {"GET": "get_chunk", "PUT": "put_chunk", "HEAD": "head_chunk", "DELETE": "delete_chunk"}
+
+
+def native_op(method: str, path: str) -> str:
+    """``/v1/buckets/{bucket}/chunks/{key}`` → ``<method>_chunk``; ``/v1/buckets/{bucket}/exists`` → ``exists``."""
+    parts = path.split("/", 5)  # "", "v1", "buckets", bucket, "chunks" | call, key
+    if len(parts) < 5:
+        return "unknown"
+    if parts[4] == "chunks":
+        return NATIVE_CHUNK_OPS.get(method, "unknown")
+    return parts[4] if method == "POST" else "unknown"
+
+
+class RequestMetrics:
+    """The per-request families, and the wrapper that fills them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("kvgw_requests", "Requests answered, by API, operation and status.",
+                                ["api", "op", "status"], registry=registry)
+        self.latency = Histogram("kvgw_request_seconds", "Time from a request's start to its last response byte.",
+                                 ["api", "op"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.bytes_in = Counter("kvgw_request_body_bytes", "Request body bytes received.", ["api"],
+                                registry=registry)
+        self.bytes_out = Counter("kvgw_response_body_bytes", "Response body bytes sent.", ["api"], registry=registry)
+        self.lookup_keys = Counter("kvgw_lookup_keys", "Keys asked about by exists, prefix and HEAD, by result.",
+                                   ["op", "result"], registry=registry)
+
+    def count_lookup(self, op: str, hits: int, misses: int) -> None:
+        if hits:
+            self.lookup_keys.labels(op, "hit").inc(hits)
+        if misses:
+            self.lookup_keys.labels(op, "miss").inc(misses)
+
+    def wrap(self, api: str, app: ASGIApp, op_of: Callable[[Scope], str]) -> ASGIApp:
+        """``app`` measured as ``api``; ``op_of(scope)`` names the operation once the request is done."""
+        requests, latency = self.requests, self.latency
+        bytes_in, bytes_out = self.bytes_in.labels(api), self.bytes_out.labels(api)
+
+        async def measured(scope: Scope, receive: Receive, send: Send) -> None:
+            start = time.perf_counter()
+            status = 0
+
+            async def counting_receive() -> Message:
+                message = await receive()
+                body = message.get("body")
+                if body:
+                    bytes_in.inc(len(body))
+                return message
+
+            async def counting_send(message: Message) -> None:
+                nonlocal status
+                kind = message["type"]
+                if kind == "http.response.body":
+                    body = message.get("body")
+                    if body:
+                        bytes_out.inc(len(body))
+                elif kind == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
+            try:
+                await app(scope, counting_receive, counting_send)
+            finally:
+                op = op_of(scope)
+                requests.labels(api, op, str(status or 499)).inc()  # 499: the client went away unanswered
+                latency.labels(api, op).observe(time.perf_counter() - start)
+
+        return measured
+
+
+class StatsCollector(Collector):
+    """Metric families from the admin stats document, built when Prometheus scrapes."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        doc = self._stats()
+        labels = ["bucket", "tier"]
+        usage = GaugeMetricFamily("kvgw_tier_usage_bytes", "Bytes a tier holds for a bucket.", labels=labels)
+        chunks = GaugeMetricFamily("kvgw_tier_chunks", "Chunks a tier holds for a bucket.", labels=labels)
+        for bucket, tiers in sorted(doc.get("usage", {}).items()):
+            for name, value in sorted(tiers.items()):
+                tier, _, unit = name.partition("_")
+                (usage if unit == "bytes" else chunks).add_metric([bucket, tier], value)
+        yield usage
+        yield chunks
+        capacity = GaugeMetricFamily("kvgw_tier_capacity_bytes", "A bucket's capacity on a tier (absent: none).",
+                                     labels=["bucket", "tier"])
+        for bucket, tiers in sorted(doc.get("capacity", {}).items()):
+            for tier, value in sorted(tiers.items()):
+                if value is not None:
+                    capacity.add_metric([bucket, tier], value)
+        yield capacity
+        actions = CounterMetricFamily("kvgw_lifecycle_chunks", "Chunks the lifecycle acted on, by action.",
+                                      labels=["action"])
+        for action, value in sorted(doc.get("lifecycle", {}).items()):
+            actions.add_metric([action], value)
+        yield actions
+        yield CounterMetricFamily("kvgw_promotions", "S3-only chunks copied back into the filesystem tier.",
+                                  value=doc.get("promotions", 0))
+        moved = CounterMetricFamily("kvgw_moved_bytes", "Bytes copied between tiers, by direction.",
+                                    labels=["direction"])
+        for direction, value in sorted(doc.get("moved_bytes", {}).items()):
+            moved.add_metric([str(direction)], value)
+        yield moved
+        yield GaugeMetricFamily("kvgw_write_through_backlog", "Chunks queued for write-through to S3.",
+                                value=doc.get("write_through_pending", 0))
+        yield GaugeMetricFamily("kvgw_chunks_indexed", "Chunks in this gateway's index.",
+                                value=doc.get("chunks_indexed", 0))
+        breaker = doc.get("s3_breaker")
+        if breaker is not None:
+            state = GaugeMetricFamily("kvgw_s3_breaker_open", "1 while the S3 tier's circuit breaker is open.")
+            state.add_metric([], 1.0 if breaker != "closed" else 0.0)
+            yield state
+        yield from _cluster_families(doc.get("cluster"))
+
+
+def _cluster_families(cluster: Any) -> Iterator[Metric]:
+    """The cluster section's numbers as gauges ``kvgw_cluster_<path>`` (feed lag, leader, members ...)."""
+    if not isinstance(cluster, Mapping):
+        return
+    for path, value in _numbers(cluster, ()):
+        yield GaugeMetricFamily("kvgw_cluster_" + "_".join(path), f"cluster stats: {'.'.join(path)}", value=value)
+
+
+def _numbers(doc: Mapping[str, Any], prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], float]]:
+    for key, value in sorted(doc.items()):
+        name = "".join(c if c.isalnum() else "_" for c in str(key)).strip("_").lower()
+        if isinstance(value, bool | int | float):
+            yield (*prefix, name), float(value)
+        elif isinstance(value, Mapping) and len(prefix) < 2:
+            yield from _numbers(value, (*prefix, name))

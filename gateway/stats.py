@@ -1,0 +1,39 @@
+"""The gateway's state as one document: ``/v1/admin/stats`` serves it and ``/metrics`` is built from it
+(``gateway.metrics.StatsCollector``), so each number has one source.
+
+Cheap enough to build on every scrape: index counters, the lifecycle's running totals, the ledgers'
+usage and the cluster's own summary; no storage is touched.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+from backends.tiers import TierId
+from gateway.runtime import Gateway
+
+
+def gateway_stats(gateway: Gateway) -> dict[str, Any]:
+    mover, lifecycle = gateway.mover, gateway.lifecycle
+    capacity = {
+        policy.name: {TierId.FS.label: policy.capacity_bytes, TierId.S3.label: policy.s3_capacity_bytes}
+        for policy in gateway.directory.buckets()
+    }
+    return {
+        "process": {"pid": os.getpid()},  # which worker answered (kvgw serve --workers)
+        "chunks_indexed": gateway.index.count(),
+        "write_through_pending": gateway.index.pending_count(),
+        "usage": gateway.ledgers.usage_report(),
+        "capacity": capacity,
+        "lifecycle": {k: v for k, v in vars(lifecycle.totals).items() if isinstance(v, int)},
+        "lifecycle_waiting": lifecycle.waiting,  # bucket -> why its usage stays over the watermark
+        "lifecycle_leader": gateway.leadership.status(),  # whether this process runs eviction and TTL
+        "s3_breaker": getattr(gateway.tiers.get(TierId.S3), "breaker_state", None),  # closed/open/half-open
+        "moved_bytes": dict(mover.moved_bytes),
+        "promotions": mover.promotions,
+        "write_through_skipped": gateway.service.write_through_skipped,
+        "leases": asdict(gateway.leases.stats),  # read leases this process granted, and the lifecycle left
+        "cluster": gateway.cluster.stats(),  # usage of the whole tier (all gateways), feed, member
+    }

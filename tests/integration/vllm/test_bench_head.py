@@ -1,0 +1,22 @@
+"""``kvgw bench head`` runs end to end (a short smoke run: every row measured, no request failed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_bench_head_smoke() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "bench", "head", "--clients", "2,4", "--rounds", "1", "--duration",
+         "0.3", "--objects", "64"],
+        capture_output=True, text=True, cwd=REPO, timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    table = result.stdout
+    for row in ("kvgw S3 HEAD hit", "kvgw S3 HEAD miss", "kvgw native HEAD hit", "FastAPI dict route",
+                "NIXL query_memory"):
+        assert row in table, table
+    assert "4 clients: kvgw S3 HEAD (hit)" in table
