@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install Ceph's RADOS Gateway (with the one mon and one osd it needs) from Debian's archive, for the
-# tests that run kvgw's S3 tier against a real S3 server (tests/rgw/: started by the test fixtures, or
-# by hand with `python -m tests.rgw start DIR`). Installs only: starting a cluster is the fixture's job.
+# tests that run kvgw's S3 tier against a real S3 server and for `kvgw bench s3` (gateway/bench/rgw.py:
+# started by the test fixtures, the bench, or by hand with `python -m tests.rgw start DIR`). Installs
+# only: starting a cluster is the launcher's job.
 #
 # Idempotent: does nothing when every command is already there; otherwise `apt-get update` once, then
 # the packages (Ceph 16.2 Pacific here: 59 packages, ~67 MB download, ~263 MB installed, ~25 s).

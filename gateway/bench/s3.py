@@ -1,29 +1,37 @@
-"""``kvgw bench s3``: PUT/GET of 8 MiB objects through boto3 against kvgw's S3 API and moto, with
-kvgw's native API as the reference, all in one run on this machine.
+"""``kvgw bench s3``: PUT/GET of 8 MiB objects against kvgw's S3 API and real or emulated S3 servers:
+Ceph RGW (bluestore, on the same disk as kvgw's data) and moto, through boto3 and through the load
+generator, with kvgw's native API as the reference, all in one run on this machine.
 
-Targets, each at every client count (processes, one client and connection each):
+Targets, each at every client count (processes, one client and connection each), for kvgw and for
+each baseline server of ``--against`` (``rgw``, ``moto``; default both, or moto alone when Ceph is not
+installed, which the output then says):
 
-- ``kvgw-s3 boto3``: boto3 as an application uses it (default configuration: SigV4, CRC32 trailer
+- ``<server> boto3``: boto3 as an application uses it (default configuration: SigV4, CRC32 trailer
   on PUT, checksum validation on GET), path-style;
-- ``moto boto3``: the same client code against ``moto_server`` (the S3 emulator people test with);
-- ``kvgw-native``: the native API through the shared load generator (``gateway.bench.loadgen``);
-- ``kvgw-s3 loadgen``: the S3 API through that same load generator, with requests SigV4-signed in
-  advance (UNSIGNED-PAYLOAD, as LMCache sends them). Against ``kvgw-native`` this isolates what the S3
-  front door costs on the server, since client and bytes are the same;
-- ``moto loadgen`` (PUT): moto through the load generator, the same cheap client for both servers.
+- ``<server> loadgen``: the same requests through the shared load generator
+  (``gateway.bench.loadgen``), SigV4-signed in advance (UNSIGNED-PAYLOAD, as LMCache sends them):
+  a client too cheap to be what is measured, the same for every server;
+- ``kvgw-native loadgen``: kvgw's native API through the load generator. Against ``kvgw-s3 loadgen``
+  this isolates what the S3 front door costs on the server, since client and bytes are the same.
+
+The S3 servers: ``kvgw-s3`` (kvgw with fsync on by default); ``rgw``: a throwaway one-mon one-osd Ceph
+cluster with radosgw (``gateway.bench.rgw``, the launcher the tests use), started in the work
+directory and stopped and deleted on exit, also on Ctrl-C or SIGTERM (and its daemons die with this
+process if it is SIGKILLed); ``moto``: ``moto_server``, which keeps objects in RAM.
 
 Beside throughput and latency, each row shows the CPU milliseconds per operation used by the server
-process (``/proc/<pid>/stat`` over the phase) and by the clients: on a host where clients and server
-share the CPUs, this tells a server that is cheaper per request from one that merely got more CPU.
+(``/proc/<pid>/stat`` over the phase; for RGW radosgw + osd + mon) and by the clients: on a host where
+clients and server share the CPUs, this tells a server that is cheaper per request from one that
+merely got more CPU.
 
-Every PUT writes a new key (objects are write-once); GETs read back the keys the PUT phase wrote,
-round robin. GET phases alternate between the targets for ``--rounds`` rounds and the median round
-counts, so a noisy neighbour hits every target alike. Ratios are to ``kvgw-native`` at the same
-client count. Every client, boto3 or load generator, is a process of its own (boto3 holds the GIL
-while it signs and checksums a body, and even the load generator's clients would share one GIL as
-threads), so each row measures its server, not one client process. Servers and clients share this
-host's CPUs, so absolute numbers depend on the machine; compare within a run. Exit status 1 when a
-target fails or a request failed.
+Every PUT writes a new key (objects are write-once); GETs read back the keys the same target's PUT
+phase wrote, round robin. GET phases alternate between the targets for ``--rounds`` rounds and the
+median round counts, so a noisy neighbour hits every target alike. Ratios: ``/native`` to
+``kvgw-native`` at the same client count; ``/rgw`` and ``/moto`` to that server with the same client
+(boto3 or load generator). Every client, boto3 or load generator, is a process of its own (boto3 holds
+the GIL while it signs and checksums a body), so each row measures its server, not one client process.
+Servers and clients share this host's CPUs, so absolute numbers depend on the machine; compare within a
+run. Exit status 1 when a target fails or a request failed.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ import functools
 import itertools
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -42,26 +52,34 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from gateway.bench import rgw
 from gateway.bench.launcher import KvgwProcess, moto_server
 from gateway.bench.loadgen import Address, LoadRequest, Op, Stats, run_load, run_ops
-from gateway.bench.procstat import cpu_seconds
+from gateway.bench.procstat import total_cpu_seconds
 
 MiB = 1 << 20
 ACCESS_KEY = "KVBENCHROOTACCESSKEY"
 SECRET_KEY = "kvgw-bench-root-secret-key-0123456789"
 MOTO_KEY = "testing"
 BUCKET = "kvcache"
+KVGW = "kvgw-s3"
+BASELINES = ("rgw", "moto")
 NATIVE = "kvgw-native loadgen"
-S3_LOADGEN = "kvgw-s3 loadgen"
-S3_BOTO3 = "kvgw-s3 boto3"
-MOTO_BOTO3 = "moto boto3"
-MOTO_LOADGEN = "moto loadgen"
+CLIENTS = ("boto3", "loadgen")
 
 
 @dataclass(frozen=True)
 class Server:
+    """An S3 server under test: where it answers, its keys, and the processes whose CPU time is its cost."""
+
+    name: str  # "kvgw-s3", "rgw", "moto": the first word of its rows
     url: str
-    pid: int  # the server process (uvicorn and moto_server are one process each): its CPU time is read
+    pids: tuple[int, ...]
+    access_key: str
+    secret_key: str
+
+    def target(self, client: str) -> str:
+        return f"{self.name} {client}"
 
 
 @contextlib.contextmanager
@@ -70,22 +88,41 @@ def kvgw_server(workdir: Path, *, fsync: bool) -> Iterator[Server]:
            "KVGW_FSYNC": "true" if fsync else "false"}
     with KvgwProcess(workdir / "kvgw-data", env=env, log_path=workdir / "kvgw.log") as server:
         assert server.proc is not None
-        yield Server(server.url, server.proc.pid)
+        yield Server(KVGW, server.url, (server.proc.pid,), ACCESS_KEY, SECRET_KEY)
 
 
 @contextlib.contextmanager
 def moto_s3(workdir: Path) -> Iterator[Server]:
     with moto_server(workdir / "moto.log") as (port, proc):
-        yield Server(f"http://127.0.0.1:{port}", proc.pid)
+        yield Server("moto", f"http://127.0.0.1:{port}", (proc.pid,), MOTO_KEY, MOTO_KEY)
 
 
-def boto3_client(url: str, access_key: str, secret_key: str, clients: int) -> Any:
+@contextlib.contextmanager
+def rgw_s3(workdir: Path) -> Iterator[Server]:
+    """A Ceph cluster in ``workdir/rgw`` (the disk kvgw's data is on), killed and deleted on exit."""
+    cluster = rgw.RgwCluster(workdir / "rgw", owner=os.getpid(), die_with_parent=True).start()
+    try:
+        print(f"  rgw: Ceph {_ceph_version()}, radosgw + 1 osd (bluestore, {cluster.directory}) + 1 mon, "
+              f"ready in {cluster.startup_seconds:.1f} s", flush=True)
+        pids = tuple(cluster.pids[role] for role in ("rgw", "osd", "mon"))
+        yield Server("rgw", cluster.url, pids, rgw.ACCESS_KEY, rgw.SECRET_KEY)
+    finally:
+        cluster.stop()
+
+
+def _ceph_version() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(["ceph", "--version"], capture_output=True, text=True, timeout=10).stdout.split()[2]
+    return "?"
+
+
+def boto3_client(server: Server, clients: int = 1) -> Any:
     import boto3
     from botocore.config import Config
 
     return boto3.client(
-        "s3", endpoint_url=url, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
-        region_name="us-east-1",
+        "s3", endpoint_url=server.url, aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key, region_name="us-east-1",
         config=Config(s3={"addressing_style": "path"}, max_pool_connections=max(10, clients),
                       retries={"max_attempts": 1, "mode": "standard"}),
     )
@@ -98,7 +135,7 @@ class Result:
     clients: int
     stats: Stats
     keys: list[str] = field(default_factory=list)  # what a PUT phase wrote, for the GET phase
-    server_cpu: float = 0.0  # CPU seconds the server process used during the phase
+    server_cpu: float = 0.0  # CPU seconds the server's processes used during the phase
 
     @property
     def mb_per_s(self) -> float:
@@ -115,20 +152,19 @@ class Result:
 
 def on_server(server: Server, phase: Callable[[], Result]) -> Result:
     """Run one phase and record the CPU time its server used meanwhile."""
-    before = cpu_seconds(server.pid)
+    before = total_cpu_seconds(server.pids)
     result = phase()
-    result.server_cpu = cpu_seconds(server.pid) - before
+    result.server_cpu = total_cpu_seconds(server.pids) - before
     return result
 
 
-def boto3_put(target: str, url: str, access_key: str, secret_key: str, clients: int, payload: bytes,
-              duration: float, tag: str) -> Result:
+def boto3_put(server: Server, clients: int, payload: bytes, duration: float, tag: str) -> Result:
     """Each client a process of its own (boto3 holds the GIL while it signs and checksums)."""
     size = len(payload)
     prefix = f"bench-{tag}/c{clients}/"
 
     def open_put(i: int) -> Op:
-        client = boto3_client(url, access_key, secret_key, 1)
+        client = boto3_client(server)
 
         def op(seq: int) -> int:
             client.put_object(Bucket=BUCKET, Key=f"{prefix}t{i}/{seq}", Body=payload)
@@ -137,19 +173,18 @@ def boto3_put(target: str, url: str, access_key: str, secret_key: str, clients: 
         return op
 
     stats = run_ops(open_put, clients, duration=duration, processes=True)
-    return Result(target, "PUT", clients, stats, _listed(url, access_key, secret_key, prefix))
+    return Result(server.target("boto3"), "PUT", clients, stats, _listed(server, prefix))
 
 
-def _listed(url: str, access_key: str, secret_key: str, prefix: str) -> list[str]:
+def _listed(server: Server, prefix: str) -> list[str]:
     """The keys the client processes wrote (they cannot hand them back; the server can)."""
-    pages = boto3_client(url, access_key, secret_key, 1).get_paginator("list_objects_v2")
+    pages = boto3_client(server).get_paginator("list_objects_v2")
     return [obj["Key"] for page in pages.paginate(Bucket=BUCKET, Prefix=prefix) for obj in page.get("Contents", [])]
 
 
-def boto3_get(target: str, url: str, access_key: str, secret_key: str, clients: int, keys: list[str], size: int,
-              duration: float) -> Result:
+def boto3_get(server: Server, clients: int, keys: list[str], size: int, duration: float) -> Result:
     def open_get(i: int) -> Op:
-        client = boto3_client(url, access_key, secret_key, 1)
+        client = boto3_client(server)
 
         def op(seq: int) -> int:
             body = client.get_object(Bucket=BUCKET, Key=keys[(seq * clients + i) % len(keys)])["Body"]
@@ -160,27 +195,27 @@ def boto3_get(target: str, url: str, access_key: str, secret_key: str, clients: 
 
         return op
 
-    return Result(target, "GET", clients, run_ops(open_get, clients, duration=duration, processes=True))
+    return Result(server.target("boto3"), "GET", clients, run_ops(open_get, clients, duration=duration, processes=True))
 
 
-def native_put(url: str, clients: int, payload: bytes, duration: float) -> Result:
+def native_put(kvgw: Server, clients: int, payload: bytes, duration: float) -> Result:
     auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
     prefix = f"native/c{clients}/"
 
     def put_request(i: int, seq: int) -> LoadRequest:
         key = f"{prefix}t{i}/{seq}"
         return LoadRequest("PUT", f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}", body=payload, headers=[auth],
-                       expect=(201,))
+                           expect=(201,))
 
-    stats = run_load(_address(url), put_request, clients, duration=duration, processes=True)
-    return Result(NATIVE, "PUT", clients, stats, _listed(url, ACCESS_KEY, SECRET_KEY, prefix))
+    stats = run_load(_address(kvgw.url), put_request, clients, duration=duration, processes=True)
+    return Result(NATIVE, "PUT", clients, stats, _listed(kvgw, prefix))
 
 
-def native_get(url: str, clients: int, keys: list[str], size: int, duration: float) -> Result:
+def native_get(kvgw: Server, clients: int, keys: list[str], size: int, duration: float) -> Result:
     auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
     gets = [LoadRequest("GET", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", headers=[auth]) for k in keys]
-    stats = run_load(_address(url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients, duration=duration,
-                     body_buffer_bytes=size, processes=True)
+    stats = run_load(_address(kvgw.url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients,
+                     duration=duration, body_buffer_bytes=size, processes=True)
     return Result(NATIVE, "GET", clients, stats)
 
 
@@ -189,14 +224,14 @@ def _address(url: str) -> Address:
     return host, int(port)
 
 
-def signed_request(url: str, method: str, key: str, body: bytes | None, expect: tuple[int, ...]) -> LoadRequest:
+def signed_request(server: Server, method: str, key: str, body: bytes | None, expect: tuple[int, ...]) -> LoadRequest:
     """A SigV4 (UNSIGNED-PAYLOAD) request built by botocore's signer, replayable for 15 minutes."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
     path = f"/{BUCKET}/{quote(key, safe='/~')}"
-    request = AWSRequest(method=method, url=f"{url}{path}",
+    request = AWSRequest(method=method, url=f"{server.url}{path}",
                          headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
     if body is not None:
         request.headers["Content-Length"] = str(len(body))
@@ -205,23 +240,24 @@ def signed_request(url: str, method: str, key: str, body: bytes | None, expect: 
         def _should_sha256_sign_payload(self, request: AWSRequest) -> bool:
             return False
 
-    UnsignedPayloadAuth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(request)
+    UnsignedPayloadAuth(Credentials(server.access_key, server.secret_key), "s3", "us-east-1").add_auth(request)
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in ("content-length", "host")]
     return LoadRequest(method, path, body=body, headers=headers, expect=expect)
 
 
-def loadgen_s3_put(target: str, url: str, clients: int, payload: bytes, tag: str, count: int) -> Result:
+def loadgen_put(server: Server, clients: int, payload: bytes, tag: str, count: int) -> Result:
+    """``count`` PUTs (the native PUT phase's, so both write as many bytes), signed before the clock starts."""
     keys = [f"loadgen-{tag}/c{clients}/{n}" for n in range(max(count, clients * 4))]
-    puts = [signed_request(url, "PUT", k, payload, (200,)) for k in keys]
-    stats = run_load(_address(url), lambda i, seq: puts[seq], clients, count=len(puts), processes=True)
-    return Result(target, "PUT", clients, stats, keys)
+    puts = [signed_request(server, "PUT", k, payload, (200,)) for k in keys]
+    stats = run_load(_address(server.url), lambda i, seq: puts[seq], clients, count=len(puts), processes=True)
+    return Result(server.target("loadgen"), "PUT", clients, stats, keys)
 
 
-def loadgen_s3_get(url: str, clients: int, keys: list[str], size: int, duration: float) -> Result:
-    gets = [signed_request(url, "GET", k, None, (200,)) for k in keys]
-    stats = run_load(_address(url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients,
+def loadgen_get(server: Server, clients: int, keys: list[str], size: int, duration: float) -> Result:
+    gets = [signed_request(server, "GET", k, None, (200,)) for k in keys]
+    stats = run_load(_address(server.url), lambda i, seq: gets[(seq * clients + i) % len(gets)], clients,
                      duration=duration, body_buffer_bytes=size, processes=True)
-    return Result(S3_LOADGEN, "GET", clients, stats)
+    return Result(server.target("loadgen"), "GET", clients, stats)
 
 
 def median_result(rounds: list[Result]) -> Result:
@@ -230,53 +266,105 @@ def median_result(rounds: list[Result]) -> Result:
     return ordered[len(ordered) // 2]
 
 
-def _table(results: list[Result]) -> str:
-    """One line per target: throughput, latency, errors, ratios to the native API and to moto-boto3,
-    and CPU milliseconds per operation used by the server process and by the clients."""
-    native = {(r.op, r.clients): r.mb_per_s for r in results if r.target == NATIVE}
-    moto = {(r.op, r.clients): r.mb_per_s for r in results if r.target == MOTO_BOTO3}
-    lines = [f"{'target':<22}{'op':<5}{'clients':>8}{'MB/s':>10}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-             f"{'errors':>7}{'/native':>9}{'/moto':>8}{'srv ms/op':>11}{'cli ms/op':>11}"]
+def _client_of(target: str) -> str:
+    return target.rsplit(" ", 1)[-1]
+
+
+def _table(results: list[Result], baselines: list[str]) -> str:
+    """One line per target: throughput, latency, errors, ratios to the native API and to each baseline
+    server with the same client, and CPU milliseconds per operation used by the server and by the clients."""
+    rate = {(r.target, r.op, r.clients): r.mb_per_s for r in results}
+
+    def ratio(r: Result, reference: str | None) -> str:
+        ref = rate.get((reference, r.op, r.clients)) if reference else None
+        return f"{r.mb_per_s / ref:.2f}" if ref else "-"
+
+    head = (f"{'target':<22}{'op':<5}{'clients':>8}{'MB/s':>10}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>7}"
+            f"{'/native':>9}" + "".join(f"{'/' + b:>8}" for b in baselines) + f"{'srv ms/op':>11}{'cli ms/op':>11}")
+    lines = [head]
     for r in sorted(results, key=lambda r: (r.op, r.clients, r.target)):
-        ref = native.get((r.op, r.clients))
-        ref_moto = moto.get((r.op, r.clients))
-        ratio = f"{r.mb_per_s / ref:.2f}" if ref else "-"
-        ratio_moto = f"{r.mb_per_s / ref_moto:.2f}" if ref_moto else "-"
         s = r.stats
         lines.append(f"{r.target:<22}{r.op:<5}{r.clients:>8}{r.mb_per_s:>10.0f}{s.ops_per_s:>9.1f}"
                      f"{s.percentile(0.5) * 1e3:>9.1f}{s.percentile(0.99) * 1e3:>9.1f}{s.errors:>7}"
-                     f"{ratio:>9}{ratio_moto:>8}{r.server_ms_per_op:>11.1f}{r.client_ms_per_op:>11.1f}")
+                     f"{ratio(r, NATIVE):>9}"
+                     + "".join(f"{ratio(r, f'{b} {_client_of(r.target)}'):>8}" for b in baselines)
+                     + f"{r.server_ms_per_op:>11.1f}{r.client_ms_per_op:>11.1f}")
         for sample in s.error_samples[:2]:
             lines.append(f"    error: {sample}")
     return "\n".join(lines)
 
 
-# (numerator target, denominator target, op, minimum ratio, what the issue asks)
-TARGETS = (
-    (S3_LOADGEN, NATIVE, "GET", 0.90, "S3 GET >= 90% of the native API (same client)"),
-    (S3_BOTO3, MOTO_BOTO3, "PUT", 3.0, "S3 PUT >= 3x moto (boto3 both)"),
-)
-SERVER_ONLY = ((S3_LOADGEN, MOTO_LOADGEN, "PUT", 3.0, "S3 PUT >= 3x moto (load generator both)"),)
-"""Not the issue's target (it says boto3), printed beside it: the same cheap client for both servers."""
+@dataclass(frozen=True)
+class Target:
+    numerator: str
+    denominator: str
+    op: str
+    need: float
+    text: str
+    counts: bool = True  # False: printed beside the targets, not one of them ("informative")
 
 
-def _verdicts(results: list[Result], clients_list: list[int]) -> tuple[str, bool]:
+def targets(baselines: list[str]) -> list[Target]:
+    """kvgw-s3 >= 3x each baseline on PUT and GET with either client (issue 14 item 5 for RGW; for
+    moto, the boto3 PUT an earlier issue set, the rest informative), and S3 GET >= 90% of native."""
+    found = [Target(f"{KVGW} loadgen", NATIVE, "GET", 0.90, "S3 GET >= 90% of the native API (same client)")]
+    for base in baselines:
+        for op in ("PUT", "GET"):
+            for client in CLIENTS:
+                found.append(Target(f"{KVGW} {client}", f"{base} {client}", op, 3.0,
+                                    f"S3 {op} >= 3x {base} ({client} both)",
+                                    counts=base == "rgw" or (client, op) == ("boto3", "PUT")))
+    return found
+
+
+def _verdicts(results: list[Result], clients_list: list[int], baselines: list[str],
+              unavailable: dict[str, str]) -> tuple[str, bool]:
     rate = {(r.target, r.op, r.clients): r.mb_per_s for r in results}
     lines, ok = ["targets:"], True
-    for num, den, op, need, text in (*TARGETS, *SERVER_ONLY):
+    for t in targets(baselines):
         for clients in clients_list:
-            a, b = rate.get((num, op, clients)), rate.get((den, op, clients))
+            a, b = rate.get((t.numerator, t.op, clients)), rate.get((t.denominator, t.op, clients))
             if not a or not b:
-                lines.append(f"  {text:<48} {clients} client(s): n/a")
-                ok = False
+                lines.append(f"  {t.text:<44} {clients} client(s): n/a")
+                ok = ok and not t.counts
                 continue
-            verdict = "PASS" if a / b >= need else "FAIL"
-            if (num, den, op, need, text) in TARGETS:
+            verdict = "PASS" if a / b >= t.need else "FAIL"
+            if t.counts:
                 ok = ok and verdict == "PASS"
             else:
                 verdict += " (informative)"
-            lines.append(f"  {text:<48} {clients} client(s): {a:7.0f} / {b:<7.0f} = {a / b:5.2f}  {verdict}")
+            lines.append(f"  {t.text:<44} {clients} client(s): {a:7.0f} / {b:<7.0f} = {a / b:5.2f}  {verdict}")
+    for base, why in unavailable.items():
+        lines.append(f"  S3 PUT/GET >= 3x {base:<26} n/a: {base.upper()} NOT MEASURED ({why})")
     return "\n".join(lines), ok
+
+
+def _baselines(against: str | None) -> tuple[list[str], dict[str, str]]:
+    """The baseline servers to run, and those left out with the reason (RGW, by default, when Ceph is
+    not installed). Raises SystemExit when one asked for by name cannot run."""
+    missing = rgw.missing_commands()
+    if against is None:
+        if missing:
+            return ["moto"], {"rgw": f"Ceph not installed: {', '.join(missing)} missing; run .ci/install-rgw.sh"}
+        return list(BASELINES), {}
+    chosen = [b.strip() for b in against.split(",") if b.strip()]
+    unknown = [b for b in chosen if b not in BASELINES]
+    if unknown:
+        raise SystemExit(f"kvgw bench s3: --against: unknown {', '.join(unknown)} (choose from {', '.join(BASELINES)})")
+    if "rgw" in chosen and missing:
+        raise SystemExit(f"kvgw bench s3: --against rgw, but Ceph is not installed ({', '.join(missing)} missing; "
+                         "run .ci/install-rgw.sh)")
+    return chosen, {}
+
+
+def _raise_on_sigterm() -> None:
+    """SIGTERM (and SIGHUP) unwind like Ctrl-C, so every server, RGW's cluster above all, is stopped and its
+    directory deleted by the ``with`` blocks that started it."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupt)
 
 
 def main(argv: list[str]) -> int:
@@ -286,9 +374,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating GET rounds; the median counts (default 3)")
     parser.add_argument("--no-fsync", action="store_true", help="run kvgw without fsync (default: fsync on)")
-    parser.add_argument("--skip-moto", action="store_true")
+    parser.add_argument("--against", help="baseline S3 servers, comma-separated: rgw, moto (default: both, or "
+                                          "moto alone when Ceph RGW is not installed)")
     parser.add_argument("--workdir", type=Path, help="where servers keep data (default: a temp dir, removed)")
     args = parser.parse_args(argv)
+    baselines, unavailable = _baselines(args.against)
     clients_list = [int(c) for c in args.clients.split(",") if c.strip()]
     payload = os.urandom(int(args.size_mib * MiB))
     results: list[Result] = []
@@ -296,61 +386,71 @@ def main(argv: list[str]) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     tags = (f"r{n}" for n in itertools.count())
     print(f"kvgw bench s3: {len(payload) / MiB:g} MiB objects, clients {clients_list}, {args.duration:g} s per "
-          f"phase, fsync {'off' if args.no_fsync else 'on'}, {os.cpu_count()} CPUs, workdir {workdir}", flush=True)
+          f"phase, {args.rounds} GET rounds, kvgw fsync {'off' if args.no_fsync else 'on'}, against "
+          f"{', '.join(baselines)}, {os.cpu_count()} CPUs, workdir {workdir}", flush=True)
+    for base, why in unavailable.items():
+        print(f"  {base}: NOT AVAILABLE ({why}): no {base} rows, its targets are not measured", flush=True)
+    _raise_on_sigterm()
+    starts = {"rgw": rgw_s3, "moto": moto_s3}
     try:
         with contextlib.ExitStack() as stack:
             kvgw = stack.enter_context(kvgw_server(workdir, fsync=not args.no_fsync))
-            moto = None if args.skip_moto else stack.enter_context(moto_s3(workdir))
-            if moto is not None:
-                boto3_client(moto.url, MOTO_KEY, MOTO_KEY, 1).create_bucket(Bucket=BUCKET)
-            size = len(payload)
-            for clients in clients_list:
-                print(f"  PUT, {clients} client(s): native, kvgw-s3 boto3, moto boto3, kvgw-s3 loadgen", flush=True)
-                os.sync()
-                native = on_server(kvgw, functools.partial(native_put, kvgw.url, clients, payload, args.duration))
-                os.sync()
-                s3 = on_server(kvgw, functools.partial(boto3_put, S3_BOTO3, kvgw.url, ACCESS_KEY, SECRET_KEY, clients,
-                                                       payload, args.duration, next(tags)))
-                results += [native, s3]
-                moto_put = None
-                if moto is not None:
-                    moto_put = on_server(moto, functools.partial(boto3_put, MOTO_BOTO3, moto.url, MOTO_KEY, MOTO_KEY,
-                                                                 clients, payload, args.duration, next(tags)))
-                    results.append(moto_put)
-                os.sync()
-                loadgen = on_server(kvgw, functools.partial(loadgen_s3_put, S3_LOADGEN, kvgw.url, clients, payload,
-                                                            next(tags), native.stats.ops))
-                results.append(loadgen)
-                if moto is not None:
-                    results.append(on_server(moto, functools.partial(loadgen_s3_put, MOTO_LOADGEN, moto.url, clients,
-                                                                     payload, next(tags), native.stats.ops)))
-                os.sync()
-                print(f"  GET, {clients} client(s): {args.rounds} alternating rounds", flush=True)
-                phases: list[tuple[Server, Callable[[], Result]]] = [
-                    (kvgw, functools.partial(native_get, kvgw.url, clients, native.keys, size, args.duration)),
-                    (kvgw, functools.partial(loadgen_s3_get, kvgw.url, clients, loadgen.keys, size, args.duration)),
-                    (kvgw, functools.partial(boto3_get, S3_BOTO3, kvgw.url, ACCESS_KEY, SECRET_KEY, clients, s3.keys,
-                                             size, args.duration)),
-                ]
-                if moto is not None and moto_put is not None and moto_put.keys:
-                    phases.append((moto, functools.partial(boto3_get, MOTO_BOTO3, moto.url, MOTO_KEY, MOTO_KEY,
-                                                           clients, moto_put.keys, size, args.duration)))
-                rounds: dict[str, list[Result]] = {}
-                for _ in range(args.rounds):
-                    for server, phase in phases:
-                        result = on_server(server, phase)
-                        rounds.setdefault(result.target, []).append(result)
-                results.extend(median_result(r) for r in rounds.values())
+            others = [stack.enter_context(starts[b](workdir)) for b in baselines]
+            for server in others:
+                boto3_client(server).create_bucket(Bucket=BUCKET)
+            results = _run(kvgw, others, clients_list, payload, args.duration, args.rounds, tags)
+    except KeyboardInterrupt as exc:
+        print(f"kvgw bench s3: interrupted ({exc or 'Ctrl-C'}); servers stopped", file=sys.stderr)
+        return 130
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     print()
-    print(_table(results))
-    verdicts, ok = _verdicts(results, clients_list)
+    print(_table(results, baselines))
+    verdicts, ok = _verdicts(results, clients_list, baselines, unavailable)
     print()
     print(verdicts)
     errors = sum(r.stats.errors for r in results)
     return 0 if ok and errors == 0 else 1
+
+
+def _run(kvgw: Server, others: list[Server], clients_list: list[int], payload: bytes, duration: float, rounds: int,
+         tags: Iterator[str]) -> list[Result]:
+    """Every phase: per client count, the PUTs (native, then boto3 and the load generator on each S3
+    server), then ``rounds`` alternating rounds of every GET, the median round of each kept."""
+    results: list[Result] = []
+    size = len(payload)
+    s3_servers = [kvgw, *others]
+    for clients in clients_list:
+        print(f"  PUT, {clients} client(s): native, then boto3 and loadgen on "
+              f"{', '.join(s.name for s in s3_servers)}", flush=True)
+        os.sync()
+        native = on_server(kvgw, functools.partial(native_put, kvgw, clients, payload, duration))
+        results.append(native)
+        puts: dict[str, Result] = {}
+        for server in s3_servers:
+            for put in (functools.partial(boto3_put, server, clients, payload, duration, next(tags)),
+                        functools.partial(loadgen_put, server, clients, payload, next(tags), native.stats.ops)):
+                os.sync()  # each PUT phase starts with no other phase's dirty pages to write back
+                result = on_server(server, put)
+                puts[result.target] = result
+                results.append(result)
+        os.sync()
+        print(f"  GET, {clients} client(s): {rounds} alternating rounds", flush=True)
+        phases: list[tuple[Server, Callable[[], Result]]] = [
+            (kvgw, functools.partial(native_get, kvgw, clients, native.keys, size, duration))]
+        for server in s3_servers:
+            for client, get in (("boto3", boto3_get), ("loadgen", loadgen_get)):
+                keys = puts[server.target(client)].keys
+                if keys:
+                    phases.append((server, functools.partial(get, server, clients, keys, size, duration)))
+        by_target: dict[str, list[Result]] = {}
+        for _ in range(rounds):
+            for server, phase in phases:
+                result = on_server(server, phase)
+                by_target.setdefault(result.target, []).append(result)
+        results.extend(median_result(r) for r in by_target.values())
+    return results
 
 
 if __name__ == "__main__":

@@ -1,2 +1,3 @@
-"""Ceph RADOS Gateway as the tests' real S3 server: ``cluster`` starts and stops it (also from a shell,
-``python -m tests.rgw``), ``fixtures`` puts it under pytest (``tests/conftest.py`` re-exports them)."""
+"""Ceph RADOS Gateway as the tests' real S3 server: ``fixtures`` puts the cluster of
+``gateway.bench.rgw`` (its one launcher, shared with ``kvgw bench s3``) under pytest
+(``tests/conftest.py`` re-exports them); ``python -m tests.rgw`` starts and stops one from a shell."""

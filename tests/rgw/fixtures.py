@@ -1,4 +1,4 @@
-"""Pytest fixtures for the throwaway Ceph RGW (``tests.rgw.cluster``), beside moto (``tests.s3server``).
+"""Pytest fixtures for the throwaway Ceph RGW (``gateway.bench.rgw``), beside moto (``tests.s3server``).
 
 ::
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.bench.rgw import ACCESS_KEY, SECRET_KEY, RgwCluster, missing_commands, sweep
 from tests.requirements import require_or_skip
-from tests.rgw.cluster import ACCESS_KEY, SECRET_KEY, RgwCluster, missing_commands, sweep
 from tests.s3server import ENDPOINT_ENV, S3Endpoint
 
 RGW_DIR_ENV = "KVGW_TEST_RGW_DIR"

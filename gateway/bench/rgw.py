@@ -1,19 +1,20 @@
-"""A throwaway Ceph RADOS Gateway for tests: one mon, one osd and one radosgw, as plain processes.
+"""A throwaway Ceph RADOS Gateway: one mon, one osd (bluestore) and one radosgw, as plain processes.
 
-Installs nothing (``.ci/install-rgw.sh`` installs Debian's ``radosgw ceph-mon ceph-osd ceph-common``):
-everything lives in one directory given by the caller, listens on 127.0.0.1 only, and is deleted by
-``stop``. Start to ready takes about 3 s here (see ``shared/notes/ceph-rgw.md`` for the settings that
-matter and why). From a shell::
+The one launcher of the real S3 server both ``kvgw bench s3`` (kvgw's S3 API against it) and the tests
+(``tests/rgw/fixtures.py``: kvgw's S3 tier against it) run. Installs nothing (``.ci/install-rgw.sh``
+installs Debian's ``radosgw ceph-mon ceph-osd ceph-common``): everything lives in one directory given by
+the caller, listens on 127.0.0.1 only, and is deleted by ``stop``. Start to ready takes about 3 s here
+(see ``shared/notes/ceph-rgw.md`` for the settings that matter and why). From a shell::
 
-    python -m tests.rgw start DIR [--port N]   # prints the endpoint; DIR/endpoint.json has the keys
-    python -m tests.rgw stop DIR               # kills the processes, deletes DIR
-    python -m tests.rgw status DIR
+    python -m gateway.bench.rgw start DIR [--port N]   # prints the endpoint; DIR/endpoint.json has the keys
+    python -m gateway.bench.rgw stop DIR               # kills the processes, deletes DIR
+    python -m gateway.bench.rgw status DIR
 
-``DIR/state.json`` records the process ids (and, for the pytest fixture, the pid of the run that owns
-the cluster). ``start`` first stops whatever an earlier start in the same directory left running, and
-``sweep(base)`` stops every cluster under ``base`` whose owning run is dead: a test run that was
-SIGKILLed leaves nothing behind past the next run. A cluster started by a fixture also dies with the
-test process at once (``PR_SET_PDEATHSIG``).
+(``python -m tests.rgw`` is the same command.) ``DIR/state.json`` records the process ids (and the pid
+of the run that owns the cluster, if any). ``start`` first stops whatever an earlier start in the same
+directory left running, and ``sweep(base)`` stops every cluster under ``base`` whose owning run is
+dead: a run that was SIGKILLed leaves nothing behind past the next run. A cluster started with
+``die_with_parent`` also dies at once with the process that started it (``PR_SET_PDEATHSIG``).
 
 The S3 user has fixed keys (``ACCESS_KEY`` / ``SECRET_KEY``); ``pause`` / ``resume`` (SIGSTOP / SIGCONT)
 and ``stop_gateway`` / ``start_gateway`` (SIGKILL, then a new radosgw on the same port) act on the
@@ -22,6 +23,7 @@ radosgw process only: the objects live in RADOS and survive a gateway restart, u
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import json
@@ -31,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -400,3 +403,39 @@ def sweep(base: Path) -> int:
             stop_directory(directory)
             removed += 1
     return removed
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m gateway.bench.rgw") -> int:
+    """``start|stop|status DIR`` from a shell (for a manual run against RGW, or another tool's tests)."""
+    parser = argparse.ArgumentParser(prog=prog, description="A throwaway Ceph RGW cluster in DIR.")
+    parser.add_argument("action", choices=["start", "stop", "status"])
+    parser.add_argument("directory", type=Path, help="where the cluster lives (deleted by stop)")
+    parser.add_argument("--port", type=int, default=0, help="radosgw's HTTP port (default: a free one)")
+    args = parser.parse_args(argv)
+    directory: Path = args.directory.resolve()
+    if args.action == "start":
+        try:
+            cluster = RgwCluster(directory, port=args.port).start()
+        except RgwError as exc:
+            print(f"rgw: {exc}", file=sys.stderr)
+            return 1
+        print(cluster.url)
+        print(f"rgw: ready in {cluster.startup_seconds:.1f} s; keys in {directory / ENDPOINT_FILE}",
+              file=sys.stderr)
+        return 0
+    if args.action == "stop":
+        stop_directory(directory)
+        return 0
+    try:
+        state = json.loads((directory / STATE_FILE).read_text())
+        endpoint = json.loads((directory / ENDPOINT_FILE).read_text())["endpoint"]
+    except (OSError, ValueError, KeyError):
+        print("rgw: no cluster here", file=sys.stderr)
+        return 1
+    alive = {role: _pid_alive(pid) for role, pid in state.get("pids", {}).items()}
+    print(json.dumps({"endpoint": endpoint, "running": alive}))
+    return 0 if alive and all(alive.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
