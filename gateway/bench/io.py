@@ -10,7 +10,10 @@ What runs (all on loopback, all started here and stopped afterwards):
 - a plain FastAPI dict-lookup app under uvicorn (uvloop + httptools) for HEAD, and nginx answering
   HEAD for a tiny static file;
 - a minimal raw-socket HTTP responder (``baselines.serve_raw``) answering exists / prefix with the
-  same bytes kvgw answers: the floor for a lookup's round trip;
+  same bytes kvgw answers: the floor for a lookup's round trip; and answering a batch-get request with
+  as many bytes as kvgw's batch-get of BATCH_CHUNKS x BATCH_CHUNK answers, written from memory on the
+  one connection: the physical limit of one loopback stream, which kvgw's batch-get is measured
+  against with the same client reading both to the end into one buffer;
 - raw file write (temp file, fsync, link, fsync dir) and read (``readinto``) of the same bytes, from
   Python threads, in that temp dir (their CPU is this process's, measured over the same window).
 
@@ -51,8 +54,9 @@ from backends.fileio import mount_of
 from gateway.bench import procstat
 from gateway.bench.baselines import FastAPIApp, Nginx, RawResponder, find_nginx, item_keys, raw_read_op, raw_write_op
 from gateway.bench.launcher import KvgwProcess
-from gateway.bench.loadgen import LoadRequest, Stats, request_once, run_load, run_ops
+from gateway.bench.loadgen import Address, LoadRequest, Stats, request_once, run_load, run_ops
 from gateway.bench.plots import plot_io, progress
+from kvgw_client import wire
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -62,6 +66,9 @@ META_CHUNK_BYTES = 4096
 RSS_CLIENTS = 32
 RSS_CHUNK = 32 * MiB
 RSS_LIMIT_BYTES = 400 * 10**6
+BATCH_CHUNKS = 16  # one batch-get of 16 warm 8 MiB chunks against one socket stream (issue 14, item 2)
+BATCH_CHUNK = 8 * MiB
+BATCH_PAYLOAD = BATCH_CHUNKS * BATCH_CHUNK
 
 KVGW = "kvgw"
 KVGW_NOFSYNC = "kvgw --no-fsync"
@@ -71,7 +78,10 @@ RAW_WRITE = "raw write+fsync+link"
 RAW_WRITE_NOFSYNC = "raw write+link"
 FASTAPI = "FastAPI dict route"
 RAW_RESPONDER = "raw-socket responder"
-OPS = ("put", "get", "small")  # --ops: PUT cells, GET cells + memory phase, HEAD / exists / prefix cells
+RAW_STREAM = "raw socket stream"
+BATCH_GET = f"batch-get {BATCH_CHUNKS} x {BATCH_CHUNK // MiB} MiB"
+OPS = ("put", "get", "small", "batch")  # --ops: PUT cells, GET cells + memory phase, HEAD / exists / prefix
+# cells, the batch-get cell
 
 
 # -- the gateway under test ------------------------------------------------------------------------
@@ -91,6 +101,18 @@ def lookup_answers() -> dict[str, bytes]:
     """What kvgw answers the benchmark's exists and prefix calls (``Bench.check_meta`` checks it)."""
     return {"/exists": b'{"exists":[' + b",".join([b"true"] * META_KEYS) + b"]}",
             "/prefix": b'{"length":%d}' % META_KEYS}
+
+
+def batch_stream_bytes(count: int, size: int) -> int:
+    """The body length of a batch-get answering ``count`` chunks of ``size`` bytes (``kvgw_client.wire``):
+    what the raw socket stream sends, so both carry the same bytes."""
+    return wire.BATCH_HEADER.size + count * (wire.FRAME_HEADER.size + size) + wire.BATCH_TRAILER.size
+
+
+def batch_request(keys: Sequence[str]) -> LoadRequest:
+    """A native batch-get of ``keys``, as ``kvgw_client`` sends it (POST of ``{"keys": [...]}``)."""
+    return LoadRequest("POST", f"/v1/buckets/{BUCKET}/batch-get", body=json.dumps({"keys": list(keys)}).encode(),
+                       headers=[("Content-Type", "application/json")])
 
 
 # -- measurements ----------------------------------------------------------------------------------
@@ -143,6 +165,7 @@ class Bench:
     responder: RawResponder
     payloads: dict[int, bytearray] = field(default_factory=dict)
     get_keys: dict[int, list[str]] = field(default_factory=dict)
+    batch_keys: list[str] = field(default_factory=list)
     www_files: dict[int, list[Path]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: os.urandom(3).hex())
@@ -199,10 +222,7 @@ class Bench:
             for i in range(self.args.objects):
                 buf[:8] = i.to_bytes(8, "little")
                 key = f"get-{self.run_id}-{size}-{i}"
-                status, body = request_once(self.kvgw.address, LoadRequest("PUT", chunk_target(key), body=buf,
-                                                                       expect=(201,)), timeout=300)
-                if status != 201:
-                    raise RuntimeError(f"preload PUT {key}: {status} {body[:200]!r}")
+                self.put(key, buf)
                 path = folder / f"obj{i}"
                 path.write_bytes(buf)
                 keys.append(key)
@@ -212,15 +232,34 @@ class Bench:
             self.www_files[size] = files
         (www / "probe").write_bytes(b"ok")
         for key in self.meta_keys():
-            status, body = request_once(self.kvgw.address, LoadRequest(
-                "PUT", chunk_target(key), body=b"m" * META_CHUNK_BYTES, expect=(201, 200)))
-            if status not in (200, 201):
-                raise RuntimeError(f"preload PUT {key}: {status} {body[:200]!r}")
+            self.put(key, b"m" * META_CHUNK_BYTES)
         # Everything is read once before it is measured, so every target starts from the page cache.
         for size in sizes:
             run_load(self.kvgw.address, self.get_request_maker(size), 1, count=len(self.get_keys[size]),
                      body_buffer_bytes=MiB)
             run_ops(raw_read_op(self.www_files[size], size), 1, count=len(self.www_files[size]))
+
+    def put(self, key: str, body: bytes | bytearray) -> None:
+        status, answer = request_once(self.kvgw.address, LoadRequest("PUT", chunk_target(key), body=body,
+                                                                     expect=(201, 200)), timeout=300)
+        if status not in (200, 201):
+            raise RuntimeError(f"preload PUT {key}: {status} {answer[:200]!r}")
+
+    def preload_batch(self) -> None:
+        """BATCH_CHUNKS distinct chunks for the batch-get cell, then one batch-get of them: it warms the
+        page cache and checks that kvgw answers as many bytes as the raw stream sends."""
+        buf = bytearray(os.urandom(BATCH_CHUNK))
+        for i in range(BATCH_CHUNKS):
+            buf[:8] = i.to_bytes(8, "little")
+            self.batch_keys.append(f"batch-{self.run_id}-{i}")
+            self.put(self.batch_keys[-1], buf)
+        req = batch_request(self.batch_keys)
+        want = batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)
+        for server in (self.kvgw.address, self.responder.address):
+            got = run_load(server, lambda i, seq: req, 1, count=1, body_buffer_bytes=want)
+            if got.errors or got.bytes != req.body_length + want:
+                raise RuntimeError(f"batch-get from {server} moved {got.bytes - req.body_length} bytes, "
+                                   f"expected {want}: {got.error_samples[:1]}")
 
     def meta_keys(self) -> list[str]:
         return [f"meta-{self.run_id}-{i:04d}" for i in range(META_KEYS)]
@@ -322,6 +361,16 @@ class Bench:
             lambda: run_load(self.responder.address, lambda i, seq: req, clients, duration=self.duration()),
             self.responder.pids())
 
+    def batch(self, target: str, address: Address, pids: Callable[[], list[int]]) -> Callable[[int], Sample]:
+        """One client sending the same batch-get request again and again, each answer read to its end
+        into one buffer: to kvgw, or to the raw socket stream (the same code for both)."""
+        req = batch_request(self.batch_keys)
+        size = batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)
+        return lambda rnd: self.measure(
+            target, BATCH_GET, BATCH_PAYLOAD, 1, rnd,
+            lambda: run_load(address, lambda i, seq: req, 1, duration=self.duration(), body_buffer_bytes=size),
+            pids())
+
     def head_nginx(self, clients: int) -> Callable[[int], Sample]:
         probe = LoadRequest("HEAD", "/probe")
         return lambda rnd: self.measure(
@@ -358,6 +407,10 @@ class Bench:
             for op in ("exists", "prefix"):
                 runs += [(KVGW, self.meta_kvgw(op, c)), (RAW_RESPONDER, self.meta_raw(op, c))]
             out.append(Cell("meta", 0, c, runs))
+        if "batch" in ops:
+            out.append(Cell(BATCH_GET, BATCH_PAYLOAD, 1, [
+                (KVGW, self.batch(KVGW, self.kvgw.address, self.kvgw.pids)),
+                (RAW_STREAM, self.batch(RAW_STREAM, self.responder.address, self.responder.pids))]))
         return out
 
     # -- special phases --
@@ -499,6 +552,10 @@ def cpu_per_gib(s: Sample) -> float | None:
     return s.cpu_per_gib
 
 
+def client_cpu_per_gib(s: Sample) -> float:
+    return s.stats.client_cpu / (s.stats.bytes / GiB) if s.stats.bytes else float("nan")
+
+
 @dataclass
 class Target:
     name: str
@@ -555,6 +612,9 @@ def targets(samples: Sequence[Sample], rss: dict[str, Any] | None) -> list[Targe
                           150e-6, False, unit="s"))
         out.append(Target(f"{op} of {META_KEYS} keys, 1 client: p99", median_of(samples, KVGW, name, 0, 1, p99),
                           400e-6, False, unit="s"))
+    out.append(Target(f"{BATCH_GET}, 1 client: kvgw / raw socket stream throughput",
+                      paired_ratio(samples, (KVGW, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1, throughput),
+                      0.8, True))
     peak = None if rss is None else float(rss["vm_hwm"] if rss["peak_reset"] else rss["rss_sampled_max"])
     out.append(Target(f"gateway peak RSS serving {RSS_CLIENTS} concurrent {RSS_CHUNK // MiB} MiB GETs", peak,
                       RSS_LIMIT_BYTES, False, unit="B"))
@@ -657,6 +717,22 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                     f"| {fmt_ratio(paired_ratio(samples, (KVGW, op), (base, op), 0, c, rate))} "
                     f"| {fmt_ratio(paired_ratio(samples, (KVGW, op), (base, op), 0, c, p50))} |")
     add("")
+    kvgw_batch, stream = figures.get((KVGW, BATCH_GET, BATCH_PAYLOAD, 1)), figures.get((RAW_STREAM, BATCH_GET,
+                                                                                         BATCH_PAYLOAD, 1))
+    if kvgw_batch is not None and stream is not None:
+        add(f"{BATCH_GET} warm chunks in one call, beside a raw socket stream of as many bytes written from memory "
+            "(one client reading each answer to its end into one buffer; CPU: server process, client thread)")
+        add("")
+        add("| target | MB/s | p50 / p99 ms | server CPU s/GiB | client CPU s/GiB |")
+        add("|---|---|---|---|---|")
+        for name, f in ((KVGW, kvgw_batch), (RAW_STREAM, stream)):
+            client = median_of(samples, name, BATCH_GET, BATCH_PAYLOAD, 1, client_cpu_per_gib)
+            err = f" ({f.errors} errors!)" if f.errors else ""
+            add(f"| {name} | {f.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(f.p50)} / {fmt_ms(f.p99)} "
+                f"| {f.cpu_per_gib or float('nan'):.3f} | {client or float('nan'):.3f} |")
+        ratio = paired_ratio(samples, (KVGW, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1, throughput)
+        add(f"\nkvgw / raw socket stream throughput: {fmt_ratio(ratio)}")
+        add("")
     if rss is not None:
         peak_note = "" if rss["peak_reset"] else " (lifetime peak: reset refused)"
         rss_err = f", {rss['errors']} errors!" if rss["errors"] else ""
@@ -709,8 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-no-fsync", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure PUT against a --no-fsync gateway and raw writes without fsync")
     p.add_argument("--ops", default=",".join(OPS),
-                   help="what to measure: put, get (with the memory phase), small (HEAD / exists / prefix); "
-                        "default all")
+                   help="what to measure: put, get (with the memory phase), small (HEAD / exists / prefix), "
+                        f"batch (a batch-get of {BATCH_CHUNKS} x {BATCH_CHUNK // MiB} MiB against one raw socket "
+                        "stream); default all")
     p.add_argument("--quick", action="store_true", help="smoke run: 8 MiB only, 1 round of 0.5 s")
     p.add_argument("--json", type=Path, help="write every figure (each round, medians, targets) here")
     p.add_argument("--plot", type=Path, metavar="PNG",
@@ -758,7 +835,8 @@ def main(argv: list[str]) -> int:
         procs.append(nginx)
         fastapi = FastAPIApp(work / "fastapi", META_KEYS, META_CHUNK_BYTES).start()
         procs.append(fastapi)
-        responder = RawResponder(work / "responder", lookup_answers()).start()
+        streams = {"/batch-get": batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)} if "batch" in args.ops else {}
+        responder = RawResponder(work / "responder", lookup_answers(), streams).start()
         procs.append(responder)
         bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder)
         print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "
@@ -768,6 +846,8 @@ def main(argv: list[str]) -> int:
         bench.preload(sorted({*args.sizes, RSS_CHUNK}) if "get" in args.ops else [])
         if "small" in args.ops:
             bench.check_meta()
+        if "batch" in args.ops:
+            bench.preload_batch()
         selfcheck = bench.selfcheck()
         cells = bench.cells()
         for rnd in range(args.rounds):

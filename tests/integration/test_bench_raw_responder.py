@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from gateway.bench.baselines import RawResponder
+from gateway.bench.loadgen import LoadRequest, run_load
 
 
 def test_the_raw_responder_answers_each_request_with_its_canned_body(tmp_path: Path) -> None:
@@ -28,5 +29,18 @@ def test_the_raw_responder_answers_each_request_with_its_canned_body(tmp_path: P
         first, rest = got.split(b"HTTP/1.1 200 OK", 2)[1:]
         assert first.endswith(b'{"exists":[true]}') and b"content-length: 17" in first
         assert rest.endswith(b'{"length":1}')
+    finally:
+        responder.stop()
+
+
+def test_a_stream_answer_is_that_many_bytes_on_the_same_connection(tmp_path: Path) -> None:
+    """``--stream``: the raw socket stream ``kvgw bench io`` measures batch-get against (issue 14, item 2)."""
+    size = 3 * (1 << 20) + 7
+    responder = RawResponder(tmp_path, {"/exists": b'{"exists":[true]}'}, {"/batch-get": size}).start()
+    try:
+        req = LoadRequest("POST", "/v1/buckets/b/batch-get", body=b'{"keys": ["a"]}')
+        stats = run_load(responder.address, lambda i, seq: req, 1, count=3, body_buffer_bytes=size)
+        assert (stats.errors, stats.ops, stats.connects) == (0, 3, 1)
+        assert stats.bytes == 3 * (req.body_length + size)
     finally:
         responder.stop()
