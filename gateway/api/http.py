@@ -9,6 +9,7 @@ control plane and the OpenAPI description (``gateway.app``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -37,14 +38,20 @@ def new_request_id() -> str:
 
 
 def http_date(ts: float) -> str:
-    return formatdate(ts, usegmt=True)
+    """An IMF-fixdate (``Last-Modified``): HTTP dates have whole seconds, so one per second is formatted."""
+    return _http_date_of_second(int(ts))
+
+
+@functools.lru_cache(maxsize=4096)
+def _http_date_of_second(second: int) -> str:
+    return formatdate(second, usegmt=True)
 
 
 class Request:
     """A view of an ASGI HTTP request with lazily decoded headers and a streaming body."""
 
-    __slots__ = ("_headers", "body_consumed", "method", "query_string", "raw_path", "receive",
-                 "request_id", "scope")
+    __slots__ = ("_headers", "body_broken", "body_consumed", "body_ended", "body_received", "method",
+                 "query_string", "raw_path", "receive", "request_id", "scope")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.scope = scope
@@ -56,7 +63,10 @@ class Request:
         self._headers: dict[str, str] | None = None
         self.request_id = new_request_id()
         current_request_id.set(self.request_id)  # log records of this request carry it (gateway.logs)
-        self.body_consumed = False
+        self.body_consumed = False  # the app started reading the body
+        self.body_ended = False  # its last message arrived
+        self.body_received = 0  # bytes of it so far
+        self.body_broken = False  # it stalled or the client went away (IncompleteBody was raised)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -115,10 +125,16 @@ class Request:
             async with asyncio.timeout(idle_timeout):  # unlike wait_for, no task per message
                 message = await self.receive()
         except TimeoutError:
+            self.body_broken = True
             raise IncompleteBody(f"no body bytes for {idle_timeout:g} s") from None
         if message["type"] == "http.disconnect":
+            self.body_broken = True
             raise IncompleteBody("the client disconnected before the body was complete")
-        return message.get("body", b""), message.get("more_body", False)
+        piece: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        self.body_received += len(piece)
+        self.body_ended = not more
+        return piece, more
 
     async def read_json(self, limit: int) -> Any:
         raw = await self.read_body(limit)
@@ -130,21 +146,23 @@ class Request:
     async def drain(self, limit: int) -> bool:
         """Read and drop an unread body of at most ``limit`` bytes, so the connection can be reused.
 
-        False when the body is larger than ``limit`` or was never going to come (the client waits
-        for ``100 Continue``): the response must then close the connection.
+        False when the rest of the body is larger than ``limit`` or was never going to come (the client
+        waits for ``100 Continue``): the response must then close the connection. A body the app
+        stopped reading part-way (a write that failed mid-body) is drained from where it stopped; one
+        that stalled or whose client went away is not waited for again.
         """
-        if self.body_consumed:
+        if self.body_ended:
             return True
-        if self.expects_continue:
+        if self.body_broken or (self.expects_continue and not self.body_consumed):
             return False
         raw = self.header("content-length")
         if raw is None and self.header("transfer-encoding") is None:
             return True  # the request has no body
-        if raw is None or not raw.isdigit() or int(raw) > limit:
+        if raw is None or not raw.isdigit() or int(raw) - self.body_received > limit:
             return False
         try:
-            async for _ in self.body(idle_timeout=10.0):
-                pass
+            while not self.body_ended:
+                await self._receive_body(10.0)
         except IncompleteBody:
             return False
         return True
