@@ -119,7 +119,9 @@ class GatewayApp:
         self.registry.register(StatsCollector(lambda: gateway_stats(gateway)))
         native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
                            lookups=self.metrics.count_lookup)
-        self.native = self.metrics.wrap("native", native, lambda scope: native_op(scope["method"], scope["path"]))
+        calls = native.calls
+        self.native = self.metrics.wrap("native", native,
+                                        lambda scope: native_op(scope["method"], scope["path"], calls))
         self.control = self.metrics.wrap("control", build_control_plane(gateway, self.registry),
                                          lambda scope: str(scope["path"]))
         self.s3_api = S3API(

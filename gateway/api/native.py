@@ -143,6 +143,11 @@ class NativeAPI:
             "list": self._list,
         }
 
+    @property
+    def calls(self) -> frozenset[str]:
+        """The batch calls (``POST /v1/buckets/{bucket}/<call>``) this API answers."""
+        return frozenset(self._post_handlers)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = Request(scope, receive)
         state = ResponseState(send)
