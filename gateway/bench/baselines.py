@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING, cast
 from backends.fileio import fsync_dir
 from gateway.bench import procstat
 from gateway.bench.launcher import free_port, stop_process, wait_until
-from gateway.bench.loadgen import Address, LoadRequest, Op, request_once
+from gateway.bench.loadgen import Address, LoadRequest, Op, Stats, request_once, run_load
+from kvgw_client import wire
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -217,6 +219,27 @@ class RawResponder(BaselineProcess):
             args += ["--stream", f"{path_part}={size}"]
         self._spawn(args, "/probe")
         return self
+
+
+def batch_stream_bytes(count: int, size: int) -> int:
+    """The body length of a batch-get answering ``count`` chunks of ``size`` bytes (``kvgw_client.wire``):
+    what the raw socket stream sends in its place, so both carry the same bytes."""
+    return wire.BATCH_HEADER.size + count * (wire.FRAME_HEADER.size + size) + wire.BATCH_TRAILER.size
+
+
+def batch_request(bucket: str, keys: Sequence[str]) -> LoadRequest:
+    """A native batch-get of ``keys``, as ``kvgw_client`` sends it (POST of ``{"keys": [...]}``); the raw
+    responder answers it with its ``/batch-get`` stream."""
+    return LoadRequest("POST", f"/v1/buckets/{bucket}/batch-get", body=json.dumps({"keys": list(keys)}).encode(),
+                       headers=[("Content-Type", "application/json")])
+
+
+def read_streams(address: Address, request: LoadRequest, body_bytes: int, *, duration: float | None = None,
+                 count: int | None = None) -> Stats:
+    """``request`` again and again on one keep-alive connection, each answer read to its end into one
+    buffer of ``body_bytes``: how a batch-get and the raw socket stream it is compared with are both
+    measured (the same client code for both, so the ratio is the servers')."""
+    return run_load(address, lambda i, seq: request, 1, duration=duration, count=count, body_buffer_bytes=body_bytes)
 
 
 def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:

@@ -52,11 +52,21 @@ from urllib.parse import quote
 
 from backends.fileio import mount_of
 from gateway.bench import procstat
-from gateway.bench.baselines import FastAPIApp, Nginx, RawResponder, find_nginx, item_keys, raw_read_op, raw_write_op
+from gateway.bench.baselines import (
+    FastAPIApp,
+    Nginx,
+    RawResponder,
+    batch_request,
+    batch_stream_bytes,
+    find_nginx,
+    item_keys,
+    raw_read_op,
+    raw_write_op,
+    read_streams,
+)
 from gateway.bench.launcher import KvgwProcess
 from gateway.bench.loadgen import Address, LoadRequest, Stats, request_once, run_load, run_ops
 from gateway.bench.plots import plot_io, progress
-from kvgw_client import wire
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -101,18 +111,6 @@ def lookup_answers() -> dict[str, bytes]:
     """What kvgw answers the benchmark's exists and prefix calls (``Bench.check_meta`` checks it)."""
     return {"/exists": b'{"exists":[' + b",".join([b"true"] * META_KEYS) + b"]}",
             "/prefix": b'{"length":%d}' % META_KEYS}
-
-
-def batch_stream_bytes(count: int, size: int) -> int:
-    """The body length of a batch-get answering ``count`` chunks of ``size`` bytes (``kvgw_client.wire``):
-    what the raw socket stream sends, so both carry the same bytes."""
-    return wire.BATCH_HEADER.size + count * (wire.FRAME_HEADER.size + size) + wire.BATCH_TRAILER.size
-
-
-def batch_request(keys: Sequence[str]) -> LoadRequest:
-    """A native batch-get of ``keys``, as ``kvgw_client`` sends it (POST of ``{"keys": [...]}``)."""
-    return LoadRequest("POST", f"/v1/buckets/{BUCKET}/batch-get", body=json.dumps({"keys": list(keys)}).encode(),
-                       headers=[("Content-Type", "application/json")])
 
 
 # -- measurements ----------------------------------------------------------------------------------
@@ -253,10 +251,10 @@ class Bench:
             buf[:8] = i.to_bytes(8, "little")
             self.batch_keys.append(f"batch-{self.run_id}-{i}")
             self.put(self.batch_keys[-1], buf)
-        req = batch_request(self.batch_keys)
+        req = batch_request(BUCKET, self.batch_keys)
         want = batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)
         for server in (self.kvgw.address, self.responder.address):
-            got = run_load(server, lambda i, seq: req, 1, count=1, body_buffer_bytes=want)
+            got = read_streams(server, req, want, count=1)
             if got.errors or got.bytes != req.body_length + want:
                 raise RuntimeError(f"batch-get from {server} moved {got.bytes - req.body_length} bytes, "
                                    f"expected {want}: {got.error_samples[:1]}")
@@ -362,14 +360,11 @@ class Bench:
             self.responder.pids())
 
     def batch(self, target: str, address: Address, pids: Callable[[], list[int]]) -> Callable[[int], Sample]:
-        """One client sending the same batch-get request again and again, each answer read to its end
-        into one buffer: to kvgw, or to the raw socket stream (the same code for both)."""
-        req = batch_request(self.batch_keys)
+        """The batch-get cell's runs: kvgw's batch-get, or the raw socket stream, read the same way."""
+        req = batch_request(BUCKET, self.batch_keys)
         size = batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)
-        return lambda rnd: self.measure(
-            target, BATCH_GET, BATCH_PAYLOAD, 1, rnd,
-            lambda: run_load(address, lambda i, seq: req, 1, duration=self.duration(), body_buffer_bytes=size),
-            pids())
+        return lambda rnd: self.measure(target, BATCH_GET, BATCH_PAYLOAD, 1, rnd,
+                                        lambda: read_streams(address, req, size, duration=self.duration()), pids())
 
     def head_nginx(self, clients: int) -> Callable[[int], Sample]:
         probe = LoadRequest("HEAD", "/probe")
