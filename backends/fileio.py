@@ -99,6 +99,14 @@ def mount_of(path: str | os.PathLike[str], table: str = "/proc/self/mounts") -> 
     return best
 
 
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs"}
+)
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "tmpfs", "ramfs", "overlay"})
+"""Where a path lookup is answered from the kernel's dentry cache or a local disk, never a server: small
+enough to make on the event loop (``PosixTier.stat_many``'s existence probe)."""
+
+
 def filesystem_type(path: str | os.PathLike[str]) -> str:
     """The type of the filesystem holding ``path`` (``"unknown"`` when the mount table is unreadable)."""
     return mount_of(path).fstype

@@ -61,6 +61,7 @@ from typing import Any, NamedTuple
 import lmdb
 
 from backends.errors import IndexError_
+from backends.fileio import NETWORK_FILESYSTEMS as NETWORK_FILESYSTEMS
 from backends.fileio import filesystem_type as filesystem_type  # re-exported: looked up here (tests patch it)
 from backends.tiers import TierId
 
@@ -82,9 +83,6 @@ _RETURNED = 0x01  # RECORD flags: stored again while the index remembered its ev
 _KIDS_CHECKED = 16  # children looked at to decide whether a chunk is a leaf (more: assumed not)
 _NAME_KEY_LIMIT = 424
 OBSERVATIONS_KEPT = 8192
-NETWORK_FILESYSTEMS = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs"}
-)
 
 
 @dataclass(frozen=True, slots=True)
