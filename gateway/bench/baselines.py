@@ -244,8 +244,9 @@ def read_streams(address: Address, request: LoadRequest, body_bytes: int, *, dur
 
 def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
     """Answer every request on 127.0.0.1:``port`` with the body of the first ``answers`` key found in
-    its request line (``ok`` otherwise): an asyncio protocol on uvloop, as kvgw runs, that
-    finds the end of the headers and the Content-Length and writes one canned response.
+    its request line (``ok`` otherwise; a HEAD with a head alone, as for a 4 KiB chunk): an asyncio
+    protocol on uvloop, as kvgw runs, that finds the end of the headers and the Content-Length and
+    writes one canned response.
 
     A bulk answer (``--stream``) is canned too: its bytes sit in this process's memory and go out with
     one ``transport.write``, so nothing but the socket is between them and the client. Measured here,
@@ -257,6 +258,7 @@ def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
 
     canned = [(part, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
                % len(body) + body) for part, body in answers.items()]
+    head_answer = b"HTTP/1.1 200 OK\r\ncontent-length: 4096\r\n\r\n"  # a HEAD: a head alone
 
     class Responder(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -273,7 +275,10 @@ def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
                 if len(buffer) < end + 4 + length:
                     return
                 line = head.split(b"\r\n", 1)[0]
-                self.transport.write(next((r for part, r in canned if part in line), canned[-1][1]))
+                if line.startswith(b"head "):
+                    self.transport.write(head_answer)
+                else:
+                    self.transport.write(next((r for part, r in canned if part in line), canned[-1][1]))
                 del buffer[:end + 4 + length]
 
     loop = uvloop.new_event_loop()
