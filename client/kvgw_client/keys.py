@@ -15,7 +15,7 @@ import functools
 import hashlib
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 MAX_KEY_BYTES = 1024
 DIGEST_BYTES = 16
@@ -85,20 +85,19 @@ def digest_many(bucket: str, keys: Sequence[str]) -> list[bytes]:
     memo = _MEMO.get(bucket)
     if memo is None or len(memo) >= _MEMO_LIMIT:
         memo = _MEMO[bucket] = {}
-    copy = _bucket_hasher(bucket).copy
-    out: list[bytes] = []
-    append = out.append
-    for key in keys:
-        digest = memo.get(key)
-        if digest is None:
-            h = copy()
-            if 0 < len(key) <= MAX_KEY_BYTES and key.isascii() and key.isprintable():
-                h.update(key.encode())
-            else:
-                h.update(validate_key(key))
-            digest = memo[key] = h.digest()
-        append(digest)
-    return out
+    found: list[bytes | None] = list(map(memo.get, keys))  # from C: the all-remembered case is one pass
+    if None in found:
+        copy = _bucket_hasher(bucket).copy
+        for i, digest in enumerate(found):
+            if digest is None:
+                key = keys[i]
+                h = copy()
+                if 0 < len(key) <= MAX_KEY_BYTES and key.isascii() and key.isprintable():
+                    h.update(key.encode())
+                else:
+                    h.update(validate_key(key))
+                found[i] = memo[key] = h.digest()
+    return cast("list[bytes]", found)
 
 
 _MEMO_LIMIT = 1 << 16  # keys remembered per bucket (about 10 MB at LMCache's ~100-byte keys)
