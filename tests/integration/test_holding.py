@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import struct
 import time
 
 import httpx
 
-from gateway.api.holding import HOLD_LIMIT, HoldingTransport
+from gateway.api.holding import COPY_FREE_BYTES, HOLD_LIMIT, HoldingTransport
+from kvgw_client import wire
 from tests.conftest import ServerProcess
 
 
@@ -91,3 +93,22 @@ def test_a_gateway_json_answer_is_one_tcp_segment(server: ServerProcess) -> None
                 response += piece
             assert response.startswith(b"HTTP/1.1 200")
         assert data_segments_in(sock) - before == 20
+
+
+def test_a_batch_get_of_large_chunks_is_valid_chunked_http(server: ServerProcess) -> None:
+    """Large chunked body pieces are framed by ``chunked_without_copy``, small ones by uvicorn: the
+    stream still parses as chunked HTTP and as a batch stream, on a connection that is then reused."""
+    payloads = {"large-a": os.urandom(COPY_FREE_BYTES * 4 + 3), "small": b"s" * 100,
+                "large-b": os.urandom(COPY_FREE_BYTES)}
+    with httpx.Client(base_url=server.url, headers=server.auth, timeout=30.0) as client:
+        for key, data in payloads.items():
+            assert client.put(server.chunk_url(key), content=data).status_code == 201
+        keys = [*payloads, "never-stored"]
+        for _ in range(2):  # keep-alive: the second call reuses the connection
+            with client.stream("POST", "/v1/buckets/kvcache/batch-get", json={"keys": keys}) as r:
+                assert r.status_code == 200 and r.headers["transfer-encoding"] == "chunked"
+                parser = wire.BatchParser()
+                frames = [f for piece in r.iter_bytes() for f in parser.feed(piece)]
+            assert parser.complete
+            assert [f.payload for f in frames[:3]] == list(payloads.values())
+            assert frames[3].status == wire.FRAME_MISSING
