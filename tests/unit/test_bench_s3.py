@@ -1,0 +1,78 @@
+"""``kvgw bench s3``'s choice of baseline servers, its ratio columns and its verdicts, without a server:
+which targets count (RGW's, and moto's boto3 PUT) and which are informative, and that a run without
+Ceph says RGW was not measured instead of failing or passing quietly."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.bench import s3
+from gateway.bench.loadgen import Stats
+
+
+def result(target: str, op: str, clients: int, mb_per_s: float) -> s3.Result:
+    stats = Stats(clients=clients, ops=10, window=1.0, window_ops=10, window_bytes=mb_per_s * 1e6)
+    return s3.Result(target, op, clients, stats)
+
+
+def test_default_baselines_follow_what_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3.rgw, "missing_commands", lambda: [])
+    assert s3._baselines(None) == (["rgw", "moto"], {})
+    monkeypatch.setattr(s3.rgw, "missing_commands", lambda: ["radosgw"])
+    baselines, unavailable = s3._baselines(None)
+    assert baselines == ["moto"]
+    assert "radosgw missing" in unavailable["rgw"] and ".ci/install-rgw.sh" in unavailable["rgw"]
+    assert s3._baselines("moto") == (["moto"], {})
+
+
+def test_asking_for_rgw_without_ceph_or_for_an_unknown_server_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3.rgw, "missing_commands", lambda: ["ceph-osd"])
+    with pytest.raises(SystemExit, match="Ceph is not installed"):
+        s3._baselines("rgw,moto")
+    with pytest.raises(SystemExit, match="unknown minio"):
+        s3._baselines("minio")
+
+
+def test_rgw_targets_count_and_moto_is_informative_but_for_boto3_put() -> None:
+    counted = {(t.numerator, t.denominator, t.op) for t in s3.targets(["rgw", "moto"]) if t.counts}
+    assert counted == {
+        ("kvgw-s3 loadgen", s3.NATIVE, "GET"),
+        ("kvgw-s3 boto3", "rgw boto3", "PUT"), ("kvgw-s3 loadgen", "rgw loadgen", "PUT"),
+        ("kvgw-s3 boto3", "rgw boto3", "GET"), ("kvgw-s3 loadgen", "rgw loadgen", "GET"),
+        ("kvgw-s3 boto3", "moto boto3", "PUT"),
+    }
+
+
+def rows(rgw_put: float) -> list[s3.Result]:
+    """kvgw 3x moto and 3x RGW everywhere, except RGW's loadgen PUT at ``rgw_put`` MB/s against kvgw's 300."""
+    found = [result(s3.NATIVE, "GET", 1, 1000), result(s3.NATIVE, "PUT", 1, 300)]
+    for client in s3.CLIENTS:
+        for op, kvgw in (("GET", 1000.0), ("PUT", 300.0)):
+            found.append(result(f"kvgw-s3 {client}", op, 1, kvgw))
+            found.append(result(f"moto {client}", op, 1, kvgw / 3))
+            found.append(result(f"rgw {client}", op, 1, rgw_put if (client, op) == ("loadgen", "PUT") else kvgw / 3))
+    return found
+
+
+def test_verdicts_fail_on_a_counted_rgw_cell_only() -> None:
+    text, ok = s3._verdicts(rows(rgw_put=100), [1], ["rgw", "moto"], {})
+    assert ok and "FAIL" not in text
+    text, ok = s3._verdicts(rows(rgw_put=150), [1], ["rgw", "moto"], {})
+    assert not ok
+    assert [line for line in text.splitlines() if "FAIL" in line] == [
+        "  S3 PUT >= 3x rgw (loadgen both)              1 client(s):     300 / 150     =  2.00  FAIL"]
+
+
+def test_without_rgw_the_verdicts_say_it_was_not_measured() -> None:
+    results = [r for r in rows(rgw_put=100) if not r.target.startswith("rgw")]
+    text, ok = s3._verdicts(results, [1], ["moto"], {"rgw": "Ceph not installed"})
+    assert ok
+    assert "RGW NOT MEASURED (Ceph not installed)" in text
+    assert "3x rgw (" not in text
+
+
+def test_table_ratios_compare_like_clients() -> None:
+    table = s3._table(rows(rgw_put=150), ["rgw", "moto"]).splitlines()
+    assert table[0].split()[10:13] == ["/native", "/rgw", "/moto"]
+    loadgen_put = next(line for line in table if line.startswith("kvgw-s3 loadgen") and " PUT " in line)
+    assert loadgen_put.split()[9:12] == ["1.00", "2.00", "3.00"]  # /native, /rgw (loadgen), /moto (loadgen)
