@@ -24,9 +24,16 @@ Beside throughput and latency, each row shows the CPU milliseconds per operation
 clients and server share the CPUs, this tells a server that is cheaper per request from one that
 merely got more CPU.
 
-Every PUT writes a new key (objects are write-once); GETs read back the keys the same target's PUT
-phase wrote, round robin. GET phases alternate between the targets for ``--rounds`` rounds and the
-median round counts, so a noisy neighbour hits every target alike. Ratios: ``/native`` to
+Every PUT writes a new key (objects are write-once); GETs read back, round robin, the first
+``--keep`` (64) keys the same target's PUT phase wrote: the rest are deleted right after the phase,
+outside its timing, on every server alike. That keeps the data set (and kvgw's page cache) from growing
+phase after phase: on this VM, filling page-cache pages the hypervisor has not backed recently costs
+~15 ms of system time per 8 MiB, so without it every PUT phase would be slower than the one before for
+a server that writes through the page cache (kvgw) and not for one that writes O_DIRECT (RGW's
+bluestore), and the run order, not the servers, would decide the PUT ratios (BENCHMARKS.md).
+
+GET phases alternate between the targets for ``--rounds`` rounds and the median round counts, so a
+noisy neighbour hits every target alike. Ratios: ``/native`` to
 ``kvgw-native`` at the same client count; ``/rgw`` and ``/moto`` to that server with the same client
 (boto3 or load generator). Every client, boto3 or load generator, is a process of its own (boto3 holds
 the GIL while it signs and checksums a body), so each row measures its server, not one client process.
@@ -260,6 +267,16 @@ def loadgen_get(server: Server, clients: int, keys: list[str], size: int, durati
     return Result(server.target("loadgen"), "GET", clients, stats)
 
 
+def keep_first(server: Server, result: Result, keep: int) -> Result:
+    """Delete what a PUT phase wrote beyond its first ``keep`` keys (the GET phases' data set)."""
+    client = boto3_client(server)
+    for start in range(keep, len(result.keys), 1000):
+        batch = [{"Key": key} for key in result.keys[start:start + 1000]]
+        client.delete_objects(Bucket=BUCKET, Delete={"Objects": batch, "Quiet": True})
+    result.keys = result.keys[:keep]
+    return result
+
+
 def median_result(rounds: list[Result]) -> Result:
     """The round with the median throughput (GET rounds alternate between targets to share the noise)."""
     ordered = sorted(rounds, key=lambda r: r.stats.bytes_per_s)
@@ -373,6 +390,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--clients", default="1,8", help="client counts (default 1,8)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating GET rounds; the median counts (default 3)")
+    parser.add_argument("--keep", type=int, default=64, help="objects of each PUT phase kept for the GET phases; "
+                                                              "the rest are deleted after the phase (default 64)")
     parser.add_argument("--no-fsync", action="store_true", help="run kvgw without fsync (default: fsync on)")
     parser.add_argument("--against", help="baseline S3 servers, comma-separated: rgw, moto (default: both, or "
                                           "moto alone when Ceph RGW is not installed)")
@@ -398,7 +417,7 @@ def main(argv: list[str]) -> int:
             others = [stack.enter_context(starts[b](workdir)) for b in baselines]
             for server in others:
                 boto3_client(server).create_bucket(Bucket=BUCKET)
-            results = _run(kvgw, others, clients_list, payload, args.duration, args.rounds, tags)
+            results = _run(kvgw, others, clients_list, payload, args.duration, args.rounds, args.keep, tags)
     except KeyboardInterrupt as exc:
         print(f"kvgw bench s3: interrupted ({exc or 'Ctrl-C'}); servers stopped", file=sys.stderr)
         return 130
@@ -415,9 +434,10 @@ def main(argv: list[str]) -> int:
 
 
 def _run(kvgw: Server, others: list[Server], clients_list: list[int], payload: bytes, duration: float, rounds: int,
-         tags: Iterator[str]) -> list[Result]:
+         keep: int, tags: Iterator[str]) -> list[Result]:
     """Every phase: per client count, the PUTs (native, then boto3 and the load generator on each S3
-    server), then ``rounds`` alternating rounds of every GET, the median round of each kept."""
+    server; each phase's objects trimmed to ``keep`` after it), then ``rounds`` alternating rounds of
+    every GET, the median round of each kept."""
     results: list[Result] = []
     size = len(payload)
     s3_servers = [kvgw, *others]
@@ -426,13 +446,15 @@ def _run(kvgw: Server, others: list[Server], clients_list: list[int], payload: b
               f"{', '.join(s.name for s in s3_servers)}", flush=True)
         os.sync()
         native = on_server(kvgw, functools.partial(native_put, kvgw, clients, payload, duration))
+        native_ops = native.stats.ops
+        keep_first(kvgw, native, keep)
         results.append(native)
         puts: dict[str, Result] = {}
         for server in s3_servers:
             for put in (functools.partial(boto3_put, server, clients, payload, duration, next(tags)),
-                        functools.partial(loadgen_put, server, clients, payload, next(tags), native.stats.ops)):
+                        functools.partial(loadgen_put, server, clients, payload, next(tags), native_ops)):
                 os.sync()  # each PUT phase starts with no other phase's dirty pages to write back
-                result = on_server(server, put)
+                result = keep_first(server, on_server(server, put), keep)
                 puts[result.target] = result
                 results.append(result)
         os.sync()
