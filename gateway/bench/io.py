@@ -647,12 +647,15 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
            tgts: list[Target], rss: dict[str, Any] | None, selfcheck: dict[str, Any]) -> str:
     lines: list[str] = []
     add = lines.append
-    add(f"Throughput (MB/s = 10^6 B/s), medians of {args.rounds} interleaved rounds of {args.duration:g} s; "
-        "ratio = median of per-round kvgw/baseline")
-    add("")
-    add("| op | size | clients | kvgw MB/s | kvgw p50 / p99 ms | baseline | baseline MB/s | baseline p50 / p99 ms "
-        "| kvgw / baseline |")
-    add("|---|---|---|---|---|---|---|---|---|")
+    rows: list[str] = []
+    row = rows.append
+
+    def table(title: str, *columns: str) -> None:
+        """The rows added so far under ``title`` and a header of ``columns``; nothing without rows (--ops)."""
+        if rows:
+            lines.extend([title, "", f"| {' | '.join(columns)} |", "|---" * len(columns) + "|", *rows, ""])
+        rows.clear()
+
     pairs = [("PUT", KVGW, RAW_WRITE), ("PUT", KVGW_NOFSYNC, RAW_WRITE_NOFSYNC), ("GET", KVGW, NGINX),
              ("GET", KVGW, RAW_READ)]
     for op, mine, base in pairs:
@@ -664,26 +667,21 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 ratio = paired_ratio(samples, (mine, op), (base, op), size, c, throughput)
                 err = f" ({k.errors} errors!)" if k.errors else ""
                 berr = f" ({b.errors} errors!)" if b.errors else ""
-                add(f"| {op}{' (no fsync)' if mine == KVGW_NOFSYNC else ''} | {fmt_size(size)} | {c} "
+                row(f"| {op}{' (no fsync)' if mine == KVGW_NOFSYNC else ''} | {fmt_size(size)} | {c} "
                     f"| {k.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} "
                     f"| {b.bytes_per_s / 1e6:.0f}{berr} | {fmt_ms(b.p50)} / {fmt_ms(b.p99)} | {fmt_ratio(ratio)} |")
-    add("")
-    add("Server CPU per GiB served by GET (process utime+stime; nginx = master + workers)")
-    add("")
-    add("| size | clients | kvgw CPU s/GiB | nginx CPU s/GiB | kvgw / nginx |")
-    add("|---|---|---|---|---|")
+    table(f"Throughput (MB/s = 10^6 B/s), medians of {args.rounds} interleaved rounds of {args.duration:g} s; "
+          "ratio = median of per-round kvgw/baseline", "op", "size", "clients", "kvgw MB/s", "kvgw p50 / p99 ms",
+          "baseline", "baseline MB/s", "baseline p50 / p99 ms", "kvgw / baseline")
     for size in args.sizes:
         for c in args.clients:
             k, b = figures.get((KVGW, "GET", size, c)), figures.get((NGINX, "GET", size, c))
             if k is None or b is None or k.cpu_per_gib is None or b.cpu_per_gib is None:
                 continue
             ratio = paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
-            add(f"| {fmt_size(size)} | {c} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} | {fmt_ratio(ratio)} |")
-    add("")
-    add("CPU per GiB written by PUT (kvgw: the server process; raw: this process's threads running the loop)")
-    add("")
-    add("| size | clients | fsync | kvgw CPU s/GiB | raw loop CPU s/GiB | kvgw / raw |")
-    add("|---|---|---|---|---|---|")
+            row(f"| {fmt_size(size)} | {c} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} | {fmt_ratio(ratio)} |")
+    table("Server CPU per GiB served by GET (process utime+stime; nginx = master + workers)",
+          "size", "clients", "kvgw CPU s/GiB", "nginx CPU s/GiB", "kvgw / nginx")
     for mine, raw, fsync in ((KVGW, RAW_WRITE, "on"), (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, "off")):
         for size in args.sizes:
             for c in args.clients:
@@ -691,14 +689,10 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 if k is None or b is None or k.cpu_per_gib is None or b.cpu_per_gib is None:
                     continue
                 ratio = paired_ratio(samples, (mine, "PUT"), (raw, "PUT"), size, c, cpu_per_gib)
-                add(f"| {fmt_size(size)} | {c} | {fsync} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} "
+                row(f"| {fmt_size(size)} | {c} | {fsync} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} "
                     f"| {fmt_ratio(ratio)} |")
-    add("")
-    add(f"Small calls (exists / prefix carry {META_KEYS} keys, all present; HEAD cycles over the same keys)")
-    add("")
-    add("| op | clients | kvgw calls/s | kvgw p50 / p99 ms | baseline | baseline calls/s (p50 ms) | rate ratio "
-        "| p50 ratio |")
-    add("|---|---|---|---|---|---|---|---|")
+    table("CPU per GiB written by PUT (kvgw: the server process; raw: this process's threads running the loop)",
+          "size", "clients", "fsync", "kvgw CPU s/GiB", "raw loop CPU s/GiB", "kvgw / raw")
     for c in args.clients:
         for op in ("HEAD", f"exists {META_KEYS} keys", f"prefix {META_KEYS} keys"):
             k = figures.get((KVGW, op, 0, c))
@@ -708,25 +702,25 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
             for base in ((FASTAPI, NGINX) if op == "HEAD" else (RAW_RESPONDER,)):
                 f = figures.get((base, op, 0, c))
                 shown = "-" if f is None else f"{f.ops_per_s:.0f} ({fmt_ms(f.p50)})"
-                add(f"| {op} | {c} | {k.ops_per_s:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} | {shown} "
+                row(f"| {op} | {c} | {k.ops_per_s:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} | {shown} "
                     f"| {fmt_ratio(paired_ratio(samples, (KVGW, op), (base, op), 0, c, rate))} "
                     f"| {fmt_ratio(paired_ratio(samples, (KVGW, op), (base, op), 0, c, p50))} |")
-    add("")
+    table(f"Small calls (exists / prefix carry {META_KEYS} keys, all present; HEAD cycles over the same keys)",
+          "op", "clients", "kvgw calls/s", "kvgw p50 / p99 ms", "baseline", "baseline calls/s (p50 ms)", "rate ratio",
+          "p50 ratio")
     kvgw_batch, stream = figures.get((KVGW, BATCH_GET, BATCH_PAYLOAD, 1)), figures.get((RAW_STREAM, BATCH_GET,
                                                                                          BATCH_PAYLOAD, 1))
     if kvgw_batch is not None and stream is not None:
-        add(f"{BATCH_GET} warm chunks in one call, beside a raw socket stream of as many bytes written from memory "
-            "(one client reading each answer to its end into one buffer; CPU: server process, client thread)")
-        add("")
-        add("| target | MB/s | p50 / p99 ms | server CPU s/GiB | client CPU s/GiB |")
-        add("|---|---|---|---|---|")
         for name, f in ((KVGW, kvgw_batch), (RAW_STREAM, stream)):
             client = median_of(samples, name, BATCH_GET, BATCH_PAYLOAD, 1, client_cpu_per_gib)
             err = f" ({f.errors} errors!)" if f.errors else ""
-            add(f"| {name} | {f.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(f.p50)} / {fmt_ms(f.p99)} "
+            row(f"| {name} | {f.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(f.p50)} / {fmt_ms(f.p99)} "
                 f"| {f.cpu_per_gib or float('nan'):.3f} | {client or float('nan'):.3f} |")
+        table(f"{BATCH_GET} warm chunks in one call, beside a raw socket stream of as many bytes written from memory "
+              "(one client reading each answer to its end into one buffer; CPU: server process, client thread)",
+              "target", "MB/s", "p50 / p99 ms", "server CPU s/GiB", "client CPU s/GiB")
         ratio = paired_ratio(samples, (KVGW, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1, throughput)
-        add(f"\nkvgw / raw socket stream throughput: {fmt_ratio(ratio)}")
+        add(f"kvgw / raw socket stream throughput: {fmt_ratio(ratio)}")
         add("")
     if rss is not None:
         peak_note = "" if rss["peak_reset"] else " (lifetime peak: reset refused)"
