@@ -11,6 +11,7 @@ import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from backends.errors import BackendError, ChunkNotFound, StorageFull, TierUnavailable
@@ -110,3 +111,19 @@ enough to make on the event loop (``PosixTier.stat_many``'s existence probe)."""
 def filesystem_type(path: str | os.PathLike[str]) -> str:
     """The type of the filesystem holding ``path`` (``"unknown"`` when the mount table is unreadable)."""
     return mount_of(path).fstype
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (on this host): the owner check of files a
+    process leaves behind while it runs (staging files, a test cluster's state)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[-1].startswith("Z")
+    except OSError:
+        return False  # gone between the two checks
+

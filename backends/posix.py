@@ -29,21 +29,11 @@ from pathlib import Path
 from backends import chunkfile
 from backends.base import ChunkMeta
 from backends.errors import BackendError
-from backends.fileio import LOCAL_FILESYSTEMS, filesystem_type, fsync_dir, run_io, write_all
+from backends.fileio import LOCAL_FILESYSTEMS, filesystem_type, fsync_dir, pid_alive, run_io, write_all
 from backends.tiers import TierId
 
 _STAGING_SUFFIX = ".part"
 _FLUSH_BYTES = 1 << 20
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class PosixStagedChunk:
@@ -397,7 +387,7 @@ class PosixTier:
             host, _, rest = entry.name.partition(".")
             pid_text = rest.split(".", 1)[0]
             dead_local = host == self._host and pid_text.isdigit() and (
-                int(pid_text) == me or not _pid_alive(int(pid_text))
+                int(pid_text) == me or not pid_alive(int(pid_text))
             )
             try:
                 stale = now - entry.stat().st_mtime > older_than

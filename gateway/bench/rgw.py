@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backends.fileio import pid_alive
+
 ACCESS_KEY = "KVGWRGWTESTACCESS000"
 SECRET_KEY = "kvgw-rgw-test-secret-key-0123456789abcdef"
 USER = "kvgw-test"
@@ -88,16 +90,6 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGKILL when the process that started us dies (Linux)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[-1].startswith("Z")
 
 
 def _runs_in(pid: int, directory: Path) -> bool:
@@ -399,7 +391,7 @@ def sweep(base: Path) -> int:
             if directory.is_dir() and time.time() - directory.stat().st_mtime > 600:
                 shutil.rmtree(directory, ignore_errors=True)  # a start killed before it wrote its state
             continue
-        if isinstance(owner, int) and not _pid_alive(owner):
+        if isinstance(owner, int) and not pid_alive(owner):
             stop_directory(directory)
             removed += 1
     return removed
@@ -432,7 +424,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gateway.bench.rgw
     except (OSError, ValueError, KeyError):
         print("rgw: no cluster here", file=sys.stderr)
         return 1
-    alive = {role: _pid_alive(pid) for role, pid in state.get("pids", {}).items()}
+    alive = {role: pid_alive(pid) for role, pid in state.get("pids", {}).items()}
     print(json.dumps({"endpoint": endpoint, "running": alive}))
     return 0 if alive and all(alive.values()) else 1
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.fileio import pid_alive
 from gateway.bench import rgw, s3
 from tests.requirements import require_or_skip
 
@@ -14,7 +15,7 @@ from tests.requirements import require_or_skip
 def interrupted(workdir: Path) -> None:
     """Ctrl-C while the cluster runs (the bench turns SIGTERM and SIGHUP into the same)."""
     with s3.rgw_s3(workdir) as server:
-        assert len(server.pids) == 3 and all(rgw._pid_alive(pid) for pid in server.pids)
+        assert len(server.pids) == 3 and all(pid_alive(pid) for pid in server.pids)
         assert (workdir / "rgw" / "ceph.conf").exists()
         raise KeyboardInterrupt(server)
 
@@ -26,5 +27,5 @@ def test_the_benchs_rgw_is_stopped_and_deleted_when_interrupted(tmp_path: Path) 
     with pytest.raises(KeyboardInterrupt) as info:
         interrupted(tmp_path)
     server: s3.Server = info.value.args[0]
-    assert not any(rgw._pid_alive(pid) for pid in server.pids)
+    assert not any(pid_alive(pid) for pid in server.pids)
     assert not (tmp_path / "rgw").exists()
