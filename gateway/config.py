@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     index_allow_network_fs: bool = False
     catalog_refresh_seconds: float = 5.0
     staging_max_age_seconds: float = 3600.0
+    # the S3 tier's orphans (data objects no manifest names, stale multipart uploads): the lifecycle
+    # leader lists the tier's prefix this often (the listing reads every object name)
+    s3_staging_cleanup_seconds: float = 3600.0
 
     # Several gateways on one catalog (gateway.cluster): the change feed, usage ledger, members
     cluster_enabled: bool = True  # false: no feed, no shared usage, no membership (one gateway; benchmarks)

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,19 +238,34 @@ class Gateway:
         await self.cluster.start()
         await self.leadership.start()
         await self.lifecycle.start()
-        self._tasks.append(asyncio.create_task(self._refresh_catalog(), name="kvgw-catalog-refresh"))
-        self._tasks.append(asyncio.create_task(self._clean_staging(), name="kvgw-staging-cleanup"))
+        settings = self.settings
+        self._every(settings.catalog_refresh_seconds, "catalog refresh", self.directory.refresh)
+        self._every(max(60.0, settings.staging_max_age_seconds / 4), "staging cleanup",
+                    lambda: self.fs.cleanup_staging(settings.staging_max_age_seconds))
+        s3 = self.tiers.get(TierId.S3)
+        if s3 is not None:
+            self._every(settings.s3_staging_cleanup_seconds, "S3 staging cleanup",
+                        lambda: s3.cleanup_staging(settings.staging_max_age_seconds), leader_only=True)
         self._tasks.append(asyncio.create_task(self.leases.run(), name="kvgw-leases"))
         if self.cluster.enabled and self.settings.cluster_snapshot_seconds > 0:
             self._tasks.append(asyncio.create_task(self._share_snapshots(), name="kvgw-index-snapshots"))
 
-    async def _refresh_catalog(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.catalog_refresh_seconds)
-            try:
-                await self.directory.refresh()
-            except Exception:
-                log.exception("catalog refresh failed; keeping the previous view")
+    def _every(self, seconds: float, what: str, job: Callable[[], Awaitable[object]], *,
+               leader_only: bool = False) -> None:
+        """Run ``job`` every ``seconds`` until ``stop`` (only while this process is the lifecycle leader
+        with ``leader_only``: jobs one gateway does for all). A failure is logged and the next round
+        tries again; the job's earlier results (a catalog view, say) stay as they were."""
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(seconds)
+                if leader_only and not self.leadership.is_leader():
+                    continue
+                try:
+                    await job()
+                except Exception:
+                    log.exception("%s failed; trying again in %g s", what, seconds)
+
+        self._tasks.append(asyncio.create_task(loop(), name=f"kvgw-{what.replace(' ', '-').lower()}"))
 
     async def _share_snapshots(self) -> None:
         """The lifecycle leader shares an index snapshot in the directory every
@@ -266,14 +281,6 @@ class Gateway:
                     log.info("shared an index snapshot: %d chunks at feed position %d", info.records, info.seq)
             except Exception:
                 log.exception("writing the shared index snapshot failed")
-
-    async def _clean_staging(self) -> None:
-        while True:
-            await asyncio.sleep(max(60.0, self.settings.staging_max_age_seconds / 4))
-            try:
-                await self.fs.cleanup_staging(self.settings.staging_max_age_seconds)
-            except Exception:
-                log.exception("staging cleanup failed")
 
     async def stop(self) -> None:
         await self.lifecycle.stop()

@@ -189,6 +189,36 @@ async def test_write_tier_s3(gateway: Gateway, s3_endpoint: S3Endpoint, s3_bucke
     assert await get(gateway, bucket, "big") == data
 
 
+async def test_the_leader_removes_the_orphans_a_dead_s3_writer_leaves(
+    tmp_path: Path, s3_settings: Any, s3_endpoint: S3Endpoint, s3_bucket: str, clock: Clock
+) -> None:
+    """A writer that died between its data object and its manifest leaves an object no reader sees; the
+    gateway's lifecycle leader lists the tier every ``s3_staging_cleanup_seconds`` and removes such
+    objects once older than ``staging_max_age_seconds``, leaving published chunks alone."""
+    settings = load_settings(data_dir=tmp_path / "data", lifecycle_interval=3600.0, fsync=False, s3=s3_settings,
+                             staging_max_age_seconds=0.0, s3_staging_cleanup_seconds=0.1)
+    gw = Gateway(settings, clock=clock)
+    await start(gw)
+    try:
+        bucket = await make_bucket(gw, "orphans", write_tier="s3")
+        data = os.urandom(20 << 20)  # a multipart upload: a data object beside its manifest
+        await put(gw, bucket, "kept", data)
+        tier: Any = gw.tiers[TierId.S3]
+        orphan = tier.data_key(tier.key_for(chunk_digest("orphans", "died")), "ab" * 16)
+        admin = s3_endpoint.admin()
+        admin.put_object(Bucket=s3_bucket, Key=orphan, Body=b"o" * 100)
+
+        def listed() -> set[str]:
+            return {o["Key"] for o in admin.list_objects_v2(Bucket=s3_bucket).get("Contents", [])}
+
+        await wait_for_async(lambda: orphan not in listed(), "the orphaned data object removed")
+        assert in_s3(s3_endpoint, s3_bucket, "orphans", "kept")
+        assert await get(gw, bucket, "kept") == data
+    finally:
+        await gw.stop()
+        gw.close()
+
+
 async def test_write_through_queue_is_bounded(gateway: Gateway) -> None:
     bucket = await make_bucket(gateway, "bounded", write_through=True)
     gateway.settings.write_through_max_pending = 3
