@@ -432,9 +432,15 @@ class KvgwClient:
         """POST ``{"keys": keys}``; ``parse`` checks the answer's shape inside the attempt, so a malformed
         answer is counted, logged and trips the circuit like any other failure. ``lease``: a lookup, which
         asks for the settings' ``lease_ms`` (a lease the gateway refused is counted, ``lease_refused``)."""
-        url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
         lease_ms = self.settings.lease_ms if lease else 0
         body: dict[str, object] = {"keys": keys, "lease_ms": lease_ms} if lease_ms else {"keys": keys}
+        return await self._post_doc(op, endpoint, body, parse, count_lease=bool(lease_ms))
+
+    async def _post_doc(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T], *,
+                        count_lease: bool = False) -> T:
+        """POST the JSON ``body`` to a bucket call and ``parse`` its JSON answer, as one attempt of the
+        call policy (retries, circuit, failure counting); ``count_lease``: the answer carries a lease."""
+        url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
 
         async def attempt() -> T:
             async with (
@@ -450,7 +456,7 @@ class KvgwClient:
             except ValueError as exc:
                 raise ProtocolError(f"{op}: response is not JSON") from exc
             value = parse(doc)
-            if lease_ms:
+            if count_lease:
                 self._count_lease(op, doc)
             return value
 
@@ -623,24 +629,11 @@ class KvgwClient:
         return statuses
 
     async def _list(self, prefix: str, after: str | None, limit: int) -> tuple[list[str], bool]:
-        url = URL(f"{self._bucket_url}/list", encoded=True)
         body: dict[str, object] = {"prefix": prefix, "limit": limit}
         if after is not None:
             body["after"] = after
 
-        async def attempt() -> tuple[list[str], bool]:
-            async with (
-                translate("list"),
-                asyncio.timeout(self.settings.timeouts.control),
-                self._http().post(url, json=body) as resp,
-            ):
-                if resp.status != 200:
-                    raise await error_from(resp)
-                raw = await resp.read()
-            try:
-                doc = json.loads(raw)
-            except ValueError as exc:
-                raise ProtocolError("list: response is not JSON") from exc
+        def parse(doc: object) -> tuple[list[str], bool]:
             keys = doc.get("keys") if isinstance(doc, dict) else None
             truncated = doc.get("truncated") if isinstance(doc, dict) else None
             if (not isinstance(keys, list) or len(keys) > limit or not all(isinstance(k, str) for k in keys)
@@ -648,7 +641,7 @@ class KvgwClient:
                 raise ProtocolError(f"list: expected keys and truncated, got {str(doc)[:200]}")
             return keys, truncated
 
-        return await self._policy.attempts("list", attempt)
+        return await self._post_doc("list", "list", body, parse)
 
     async def _iter_batch(
         self, keys: list[str], into: BufferProvider | None, quiet: bool
