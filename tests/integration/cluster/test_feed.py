@@ -285,7 +285,7 @@ def test_demotion_and_promotion_travel_through_the_feed(launch: Launch, cluster_
     a = launch("a", KVGW_WORKERS="1", **s3)  # one process sees every write (until the lifecycle leader)
     b = launch("b", **s3)
     made = _kvgw({**cluster_env, **s3}, "bucket", "create", "tiered", "--capacity-bytes", str(2 << 20),
-                 "--eviction-policy", "lru", "--data-dir", str(a.data_dir))
+                 "--eviction-policy", "lru", "--max-leased-bytes", str(4 << 20), "--data-dir", str(a.data_dir))
     assert made.returncode == 0, made.stderr
     keys = [f"t{i}" for i in range(8)]
     blobs = {key: os.urandom(512 << 10) for key in keys}
@@ -308,6 +308,11 @@ def test_demotion_and_promotion_travel_through_the_feed(launch: Launch, cluster_
     demoted = [key for key, loc in zip(keys, locate(b), strict=True) if loc is not None and loc.get("tier") == "s3"]
     assert demoted
     with _client(b) as cb:  # a read on b promotes the chunk back into the filesystem tier...
+        # ...looked up with a read lease first, as engines do: the lifecycle (0.1 s passes, the bucket
+        # over capacity) leaves the chunk where it is until the load, so it is not demoted again
+        # before a can see its new file
+        leased = cb.post(f"{b.url}/v1/buckets/tiered/locate", json={"keys": [demoted[0]], "lease_ms": 10000})
+        assert leased.status_code == 200 and leased.json()["lease"]["chunks"] == 1, leased.text
         got = cb.get(f"{b.url}/v1/buckets/tiered/chunks/{demoted[0]}")
         assert got.status_code == 200 and got.content == blobs[demoted[0]]
     # ...and a learns that from the feed: the chunk has a file again
