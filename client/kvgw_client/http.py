@@ -34,7 +34,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -66,6 +66,7 @@ from kvgw_client.framing import (
     destination_views,
 )
 from kvgw_client.health import CircuitState, Counters
+from kvgw_client.leases import HeldLeases
 from kvgw_client.loop import IoLoop
 from kvgw_client.policy import CallPolicy, error_from, translate
 from kvgw_client.wire import encode_key as encode_key
@@ -147,6 +148,7 @@ class KvgwClient:
         self.counters = Counters()
         self._log = logger or log
         self._lease_refusals: set[str] = set()  # reasons already logged
+        self._leases = HeldLeases(clock)  # read leases granted to this client's lookups
         self._policy = CallPolicy(
             settings, logger or log, self.counters, probe=self._probe_once, is_closed=lambda: self._closed,
             clock=clock, rand=rand,
@@ -401,7 +403,8 @@ class KvgwClient:
                     raise ProtocolError(f"exists: expected {n} booleans, got {str(doc)[:200]}")
                 return value
 
-            out.extend(await self._post_json("exists", "exists", part, found, lease=True))
+            hits = await self._lookup("exists", part, found, functools.partial(_where, part))
+            out.extend(hits)
         return out
 
     async def _prefix(self, keys: list[str]) -> int:
@@ -410,8 +413,8 @@ class KvgwClient:
         total = 0
         for _, part in _batches(keys, self.settings.max_keys_per_call):
 
-            length = await self._post_json("prefix", "prefix", part,
-                                           functools.partial(_count_in, "prefix", "length", len(part)), lease=True)
+            length = await self._lookup("prefix", part, functools.partial(_count_in, "prefix", "length", len(part)),
+                                        functools.partial(_first, part))
             total += length
             if length < len(part):
                 break
@@ -427,19 +430,29 @@ class KvgwClient:
                                            functools.partial(_count_in, "touch", "touched", len(part)))
         return total
 
-    async def _post_json(self, op: str, endpoint: str, keys: list[str], parse: Callable[[object], T], *,
-                         lease: bool = False) -> T:
+    async def _post_json(self, op: str, endpoint: str, keys: list[str], parse: Callable[[object], T]) -> T:
         """POST ``{"keys": keys}``; ``parse`` checks the answer's shape inside the attempt, so a malformed
-        answer is counted, logged and trips the circuit like any other failure. ``lease``: a lookup, which
-        asks for the settings' ``lease_ms`` (a lease the gateway refused is counted, ``lease_refused``)."""
-        lease_ms = self.settings.lease_ms if lease else 0
-        body: dict[str, object] = {"keys": keys, "lease_ms": lease_ms} if lease_ms else {"keys": keys}
-        return await self._post_doc(op, endpoint, body, parse, count_lease=bool(lease_ms))
+        answer is counted, logged and trips the circuit like any other failure."""
+        return await self._post_doc(op, endpoint, {"keys": keys}, parse)
 
-    async def _post_doc(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T], *,
-                        count_lease: bool = False) -> T:
+    async def _lookup(self, op: str, keys: list[str], parse: Callable[[object], T],
+                      hits: Callable[[T], Iterable[str]]) -> T:
+        """A lookup (``exists``, ``prefix``, ``locate``: the endpoint is ``op``) that read-leases what it
+        finds (``hits`` of the parsed answer) for the settings' ``lease_ms``, unless leases this client
+        already holds cover every key (``HeldLeases``: a load's ``locate`` right after its lookup asks
+        for none). A lease the gateway refused is counted (``lease_refused``) and logged once per reason."""
+        lease_ms = self.settings.lease_ms
+        if lease_ms == 0 or self._leases.covers(keys, lease_ms):
+            return await self._post_json(op, op, keys, parse)
+        sent_at = self._leases.now()
+        value, granted_ms = await self._post_doc(op, op, {"keys": keys, "lease_ms": lease_ms},
+                                                 lambda doc: (parse(doc), self._granted_ms(op, doc)))
+        self._leases.granted(hits(value), sent_at, granted_ms)
+        return value
+
+    async def _post_doc(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T]) -> T:
         """POST the JSON ``body`` to a bucket call and ``parse`` its JSON answer, as one attempt of the
-        call policy (retries, circuit, failure counting); ``count_lease``: the answer carries a lease."""
+        call policy (retries, circuit, failure counting)."""
         url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
 
         async def attempt() -> T:
@@ -455,24 +468,23 @@ class KvgwClient:
                 doc = json.loads(raw)
             except ValueError as exc:
                 raise ProtocolError(f"{op}: response is not JSON") from exc
-            value = parse(doc)
-            if count_lease:
-                self._count_lease(op, doc)
-            return value
+            return parse(doc)
 
         return await self._policy.attempts(op, attempt)
 
-    def _count_lease(self, op: str, doc: object) -> None:
-        """A lookup's lease: counted when refused (logged once per reason), never an error: the lookup's
-        answer stands, only unprotected against eviction before its load."""
+    def _granted_ms(self, op: str, doc: object) -> int:
+        """How long a lookup's answer says its hits are leased; a refusal is counted (logged once per
+        reason), never an error: the lookup's answer stands, only unprotected against eviction."""
         lease = doc.get("lease") if isinstance(doc, dict) else None
         refused = lease.get("refused") if isinstance(lease, dict) else "the gateway granted no lease"
         if refused is None:
-            return
+            granted = lease.get("granted_ms") if isinstance(lease, dict) else None
+            return granted if isinstance(granted, int) and not isinstance(granted, bool) and granted > 0 else 0
         self.counters.add("lease_refused")
         if str(refused) not in self._lease_refusals:
             self._lease_refusals.add(str(refused))
             self._log.warning("kvgw %s: no read lease: %s", op, refused)
+        return 0
 
     async def _put(self, key: str, data: Payload, parent: str | None, ttl: int | None) -> PutOutcome:
         _check_key(key)
@@ -517,6 +529,7 @@ class KvgwClient:
     async def _get(self, key: str, into: BufferProvider | None) -> BatchItem:
         _check_key(key)
         url = self._chunk_url(key)
+        self._leases.loading((key,))
         handed_out = False  # once the caller's buffer holds bytes, another attempt would ask for a new one
 
         async def attempt() -> BatchItem:
@@ -700,7 +713,8 @@ class KvgwClient:
         assert self._direct is not None
         parse = functools.partial(parse_locations, count=len(keys), max_size=self.settings.max_chunk_bytes)
         try:
-            located = await self._post_json("locate", "locate", keys, parse, lease=True)
+            located = await self._lookup("locate", keys, parse,
+                                         lambda value: _where(keys, [loc is not None for loc in value]))
         except KvgwClientError:  # counted and logged by the call policy; batch-get decides the items
             return {}, list(range(len(keys))), into
         done: dict[int, BatchItem] = {}
@@ -752,6 +766,7 @@ class KvgwClient:
         shifted = None if into is None else (lambda index, length: into(positions[index], length))
         reader = BatchReader(len(keys), into=shifted, max_length=self.settings.max_chunk_bytes)
         url = URL(f"{self._bucket_url}/batch-get", encoded=True)
+        self._leases.loading(keys)
 
         async def open_stream() -> aiohttp.ClientResponse:
             async with translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
@@ -844,6 +859,16 @@ class KvgwClient:
             self._write_gate = asyncio.Semaphore(self.settings.write_concurrency)
         async with self._write_gate:
             yield
+
+
+def _where(keys: Sequence[str], flags: Sequence[bool]) -> list[str]:
+    """The keys whose flag is set (a lookup's hits)."""
+    return [key for key, flag in zip(keys, flags, strict=True) if flag]
+
+
+def _first(keys: Sequence[str], length: int) -> Sequence[str]:
+    """The first ``length`` keys (a prefix lookup's hits)."""
+    return keys[:length]
 
 
 def _count_in(op: str, field: str, n: int, doc: object) -> int:

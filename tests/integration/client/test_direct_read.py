@@ -16,8 +16,9 @@ from kvgw_client.errors import ProtocolError
 from kvgw_client.framing import ItemStatus
 from kvgw_client.http import KvgwClient
 from kvgw_client.keys import chunk_digest
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, leases_granted
 from tests.http_faults import HttpFaultProxy
+from tests.integration.client.conftest import fast_settings
 
 
 def chunk_file(server: ServerProcess, key: str) -> Path:
@@ -104,6 +105,33 @@ def test_vanished_file_falls_back_to_the_gateway(
     into = Buffers()
     assert direct_client.blocking.batch_get_into([key, gone], into) == [ItemStatus.OK, ItemStatus.MISSING]
     assert direct_client.stats()["counters"]["direct.unreadable"] == 1  # type: ignore[index]
+
+
+def test_a_load_right_after_its_lookup_takes_no_second_lease(
+    proxy: HttpFaultProxy, shared_server: ServerProcess, names: Callable[[str], str]
+) -> None:
+    """The lookup's lease covers the direct read's ``locate``; once half of it has run, or after a load
+    through the gateway (which ends the lease there), the next lookup asks for one again."""
+    now = [1000.0]
+    settings = fast_settings(proxy.url, lease_ms=5000, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
+    client = KvgwClient(settings, clock=lambda: now[0])
+    try:
+        keys = [names(str(i)) for i in range(3)]
+        for key in keys:
+            client.blocking.put(key, key.encode() * 1000)
+        before = leases_granted(shared_server)
+        assert client.blocking.exists(keys) == [True] * 3
+        assert leases_granted(shared_server) == before + 3
+        assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 3
+        assert proxy.ops("locate") == 1 and leases_granted(shared_server) == before + 3  # no second lease
+        now[0] += 2.6  # less than half of the 5 s lease is left
+        assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 3
+        assert leases_granted(shared_server) == before + 6
+        assert client.blocking.get(keys[0]) == keys[0].encode() * 1000  # a load through the gateway
+        assert client.blocking.prefix(keys) == 3
+        assert leases_granted(shared_server) == before + 9  # the load ended one lease: asked again
+    finally:
+        client.close()
 
 
 def test_wrong_root_still_serves_every_chunk_through_http(
