@@ -149,6 +149,7 @@ class KvgwClient:
         self._log = logger or log
         self._lease_refusals: set[str] = set()  # reasons already logged
         self._leases = HeldLeases(clock)  # read leases granted to this client's lookups
+        self._background: set[asyncio.Future[int]] = set()  # touches of direct reads, sent after them
         self._policy = CallPolicy(
             settings, logger or log, self.counters, probe=self._probe_once, is_closed=lambda: self._closed,
             clock=clock, rand=rand,
@@ -420,6 +421,14 @@ class KvgwClient:
                 break
         return total
 
+    def _touch_soon(self, keys: list[str]) -> None:
+        """Report reads done without the gateway (direct reads of remembered files) in the background;
+        a failure is counted by the call policy and otherwise ignored (it costs eviction accuracy only)."""
+        task = asyncio.ensure_future(self._policy.op("touch", lambda: self._touch(keys), quiet=True, fallback=0,
+                                                     deadline=self.settings.timeouts.control))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _touch(self, keys: list[str]) -> int:
         for key in keys:
             _check_key(key)
@@ -529,7 +538,7 @@ class KvgwClient:
     async def _get(self, key: str, into: BufferProvider | None) -> BatchItem:
         _check_key(key)
         url = self._chunk_url(key)
-        self._leases.loading((key,))
+        self._leases.forget((key,))
         handed_out = False  # once the caller's buffer holds bytes, another attempt would ask for a new one
 
         async def attempt() -> BatchItem:
@@ -709,14 +718,24 @@ class KvgwClient:
     ) -> tuple[dict[int, BatchItem], list[int], BufferProvider | None]:
         """Locate ``keys`` and read the file copies. Returns the finished items by position, the
         indices into ``keys`` left for batch-get, and the buffer provider batch-get must use: it hands
-        back the buffer a failed direct read already took, so no position is ever given two."""
+        back the buffer a failed direct read already took, so no position is ever given two.
+
+        Keys all leased and located before (``HeldLeases.located``) are read without asking: no round
+        trip before the first byte; the reads are reported to the gateway afterwards (``touch``, in the
+        background), so they count for eviction as a ``locate`` would have counted them."""
         assert self._direct is not None
-        parse = functools.partial(parse_locations, count=len(keys), max_size=self.settings.max_chunk_bytes)
-        try:
-            located = await self._lookup("locate", keys, parse,
-                                         lambda value: _where(keys, [loc is not None for loc in value]))
-        except KvgwClientError:  # counted and logged by the call policy; batch-get decides the items
-            return {}, list(range(len(keys))), into
+        located: Sequence[Location | None] | None = self._leases.located(keys, self.settings.lease_ms)
+        if located is not None:
+            self.counters.add("direct.located_before")
+            self._touch_soon(keys)
+        else:
+            parse = functools.partial(parse_locations, count=len(keys), max_size=self.settings.max_chunk_bytes)
+            try:
+                located = await self._lookup("locate", keys, parse,
+                                             lambda value: _where(keys, [loc is not None for loc in value]))
+            except KvgwClientError:  # counted and logged by the call policy; batch-get decides the items
+                return {}, list(range(len(keys))), into
+            self._leases.remember_locations(keys, located)
         done: dict[int, BatchItem] = {}
         rest: list[int] = []
         jobs: list[tuple[int, Location, Destination]] = []
@@ -766,7 +785,7 @@ class KvgwClient:
         shifted = None if into is None else (lambda index, length: into(positions[index], length))
         reader = BatchReader(len(keys), into=shifted, max_length=self.settings.max_chunk_bytes)
         url = URL(f"{self._bucket_url}/batch-get", encoded=True)
-        self._leases.loading(keys)
+        self._leases.forget(keys)
 
         async def open_stream() -> aiohttp.ClientResponse:
             async with translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
@@ -830,6 +849,8 @@ class KvgwClient:
 
     async def _shutdown(self) -> None:
         self._policy.stop_probing()
+        if self._background:  # touches still in flight: brief, and losing one costs eviction accuracy only
+            await asyncio.wait(set(self._background), timeout=self.settings.timeouts.control)
         if self._direct is not None:
             self._direct.close()
         if self._session is not None:

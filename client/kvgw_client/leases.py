@@ -1,4 +1,5 @@
-"""The read leases this client holds, so a lookup that follows another does not pay for a second one.
+"""The read leases this client holds, so a lookup that follows another does not pay for a second one,
+and a direct read under a lease needs no lookup at all.
 
 An engine looks a prefix up (leasing its hits, ``lease_ms``) and then loads it; with direct reads the
 load itself starts with a ``locate``, a lookup too. Asking for the lease again there costs a catalog
@@ -10,9 +11,16 @@ length: the earlier lease covers the load that follows.
 The remembered end is conservative: it is counted from when the request was sent, and the gateway
 starts its lease on receipt, later. A lease ends early when the chunk is loaded through the gateway
 that granted it (``gateway.leases``), so a key is forgotten as soon as a load of it through the gateway
-is sent (``loading``). Leases are shared per chunk on the gateway, so another client's load can end one
+is sent (``forget``). Leases are shared per chunk on the gateway, so another client's load can end one
 early as well; that was so before this memory existed (the lease is a guard against eviction, not a
 reservation), and a direct read that then finds its file gone falls back to batch-get.
+
+Direct reads (``direct_read_root``) start with a ``locate``; what it answered is remembered with the
+lease (``remember_locations``), and a later direct read of keys that are all leased and located reads
+the files without asking (``located``), as LMCache's own disk backend reads from its in-memory map of
+files. That is safe because a chunk's file path follows from its key, the lifecycle leaves a leased
+chunk where it is, and every direct read verifies size and checksum: a file deleted or rewritten under
+the same key fails the check and the read falls back to batch-get (``forget`` drops what it knew).
 
 Not thread safe: the client's I/O loop owns it.
 """
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+
+from kvgw_client.direct import Location
 
 REMEMBERED = 32_768  # keys; the oldest grants are forgotten first (the next lookup asks again)
 
@@ -31,6 +41,7 @@ class HeldLeases:
     def __init__(self, clock: Callable[[], float], *, remembered: int = REMEMBERED) -> None:
         self._clock = clock
         self._until: OrderedDict[str, float] = OrderedDict()
+        self._files: dict[str, Location] = {}  # of leased keys, where a locate found their file
         self._remembered = remembered
 
     def now(self) -> float:
@@ -56,14 +67,31 @@ class HeldLeases:
                 until[key] = end
                 until.move_to_end(key)
         while len(until) > self._remembered:
-            until.popitem(last=False)
+            self._files.pop(until.popitem(last=False)[0], None)
 
-    def loading(self, keys: Iterable[str]) -> None:
-        """A load of ``keys`` through the gateway is being sent: it ends their leases there."""
-        until = self._until
+    def remember_locations(self, keys: Sequence[str], locations: Sequence[Location | None]) -> None:
+        """A ``locate`` answered ``locations`` for ``keys``: kept for the keys leased now that have a file."""
+        until, files = self._until, self._files
+        for key, location in zip(keys, locations, strict=True):
+            if location is not None and location.path is not None and key in until:
+                files[key] = location
+
+    def located(self, keys: Sequence[str], lease_ms: int) -> list[Location] | None:
+        """Where every key's file is, if all are covered (``covers``) and were located; else None."""
+        if not self.covers(keys, lease_ms):
+            return None
+        files = self._files
+        found = [files.get(key) for key in keys]
+        return None if None in found else found  # type: ignore[return-value]
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop what is known of ``keys``: a load through the gateway is being sent (it ends their leases
+        there), or a direct read of a remembered file failed."""
+        until, files = self._until, self._files
         if until:
             for key in keys:
                 until.pop(key, None)
+                files.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._until)

@@ -5,6 +5,7 @@ batch-get, so a damaged or vanished file never yields wrong bytes."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,6 +133,49 @@ def test_a_load_right_after_its_lookup_takes_no_second_lease(
         assert leases_granted(shared_server) == before + 9  # the load ended one lease: asked again
     finally:
         client.close()
+
+
+def test_a_read_under_a_lease_asks_nothing_before_its_bytes_and_still_verifies(
+    proxy: HttpFaultProxy, shared_server: ServerProcess, names: Callable[[str], str]
+) -> None:
+    """Leased keys located once are read again without a ``locate`` (the reads are reported by a
+    ``touch`` after them); a chunk deleted and written anew under the same key fails the remembered
+    checksum and comes through batch-get, and is located again the next time."""
+    settings = fast_settings(proxy.url, lease_ms=5000, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
+    client = KvgwClient(settings)
+    try:
+        keys = [names(str(i)) for i in range(3)]
+        for key in keys:
+            client.blocking.put(key, key.encode() * 1000)
+        assert client.blocking.prefix(keys) == 3
+        for _ in range(2):
+            into = Buffers()
+            assert client.blocking.batch_get_into(keys, into) == [ItemStatus.OK] * 3
+            assert [bytes(into.bufs[i]) for i in range(3)] == [key.encode() * 1000 for key in keys]
+        assert proxy.ops("locate") == 1 and proxy.ops("batch_get") == 0
+        assert client.stats()["counters"]["direct.located_before"] == 1  # type: ignore[index]
+        wait_for(lambda: proxy.ops("touch") == 1)  # the second read counted for eviction too
+
+        assert client.blocking.delete(keys[1])
+        new = os.urandom(len(keys[1]) * 1000)  # the same size: the remembered location still fits it
+        client.blocking.put(keys[1], new)
+        into = Buffers()
+        assert client.blocking.batch_get_into(keys, into) == [ItemStatus.OK] * 3
+        assert bytes(into.bufs[1]) == new  # the remembered checksum did not match: batch-get
+        assert proxy.ops("batch_get") == 1 and proxy.ops("locate") == 1
+        assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 3
+        assert proxy.ops("locate") == 2  # what the failed read knew was dropped
+    finally:
+        client.close()
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    """Until ``condition`` holds (a background call lands); fails after 10 s without it."""
+    for _ in range(1000):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
 
 
 def test_wrong_root_still_serves_every_chunk_through_http(

@@ -3,6 +3,7 @@ every key (pure logic, an injected clock)."""
 
 from __future__ import annotations
 
+from kvgw_client.direct import Location
 from kvgw_client.leases import HeldLeases
 
 
@@ -48,7 +49,7 @@ def test_a_refused_lease_holds_nothing_and_a_shorter_grant_never_shortens_one() 
 def test_a_load_through_the_gateway_forgets_the_lease_it_ends() -> None:
     held = HeldLeases(Clock())
     held.granted(["a", "b"], sent_at=100.0, granted_ms=5000)
-    held.loading(["a", "zzz"])
+    held.forget(["a", "zzz"])
     assert not held.covers(["a"], 5000) and held.covers(["b"], 5000)
 
 
@@ -58,3 +59,20 @@ def test_the_oldest_grants_are_forgotten_past_the_bound() -> None:
     held.granted(["d"], sent_at=100.5, granted_ms=5000)
     assert len(held) == 3
     assert not held.covers(["a"], 5000) and held.covers(["b", "c", "d"], 5000)
+
+
+def test_locations_are_known_only_for_leased_keys_with_a_file_and_go_with_the_lease() -> None:
+    clock = Clock()
+    held = HeldLeases(clock)
+    file_a, file_b = Location(10, 1, "chunks/a"), Location(20, 2, "chunks/b")
+    held.remember_locations(["a"], [file_a])  # not leased: not kept
+    assert held.located(["a"], 5000) is None
+    held.granted(["a", "b", "s3"], sent_at=100.0, granted_ms=5000)
+    held.remember_locations(["a", "b", "s3", "gone"], [file_a, file_b, Location(5, 3, None), None])
+    assert held.located(["b", "a"], 5000) == [file_b, file_a]
+    assert held.located(["a", "s3"], 5000) is None  # only S3 holds it: batch-get reads it
+    clock.now = 103.0  # the lease no longer covers a read
+    assert held.located(["a"], 5000) is None
+    clock.now = 100.0
+    held.forget(["a"])
+    assert held.located(["a"], 5000) is None and held.located(["b"], 5000) == [file_b]
