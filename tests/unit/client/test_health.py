@@ -8,14 +8,7 @@ import pytest
 
 from kvgw_client.config import HealthPolicy
 from kvgw_client.health import Circuit, CircuitState, Counters, FailureLog
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.client.fakes import Clock
 
 
 def test_opens_after_threshold_consecutive_failures_only() -> None:

@@ -5,14 +5,7 @@ from __future__ import annotations
 
 from kvgw_client.direct import Location
 from kvgw_client.leases import HeldLeases
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.client.fakes import Clock
 
 
 def test_a_lease_covers_its_keys_for_half_its_length_counted_from_the_send() -> None:
