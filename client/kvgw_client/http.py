@@ -404,8 +404,7 @@ class KvgwClient:
                     raise ProtocolError(f"exists: expected {n} booleans, got {str(doc)[:200]}")
                 return value
 
-            hits = await self._lookup("exists", part, found, functools.partial(_where, part))
-            out.extend(hits)
+            out.extend(await self._lookup("exists", part, found, functools.partial(_where, part)))
         return out
 
     async def _prefix(self, keys: list[str]) -> int:

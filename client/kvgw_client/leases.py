@@ -80,9 +80,13 @@ class HeldLeases:
         """Where every key's file is, if all are covered (``covers``) and were located; else None."""
         if not self.covers(keys, lease_ms):
             return None
-        files = self._files
-        found = [files.get(key) for key in keys]
-        return None if None in found else found  # type: ignore[return-value]
+        found: list[Location] = []
+        for key in keys:
+            location = self._files.get(key)
+            if location is None:
+                return None
+            found.append(location)
+        return found
 
     def forget(self, keys: Iterable[str]) -> None:
         """Drop what is known of ``keys``: a load through the gateway is being sent (it ends their leases
