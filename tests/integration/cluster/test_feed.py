@@ -183,18 +183,27 @@ def test_a_stopped_gateway_rejoins_and_catches_up_from_the_feed(launch: Launch) 
     assert feed["resyncs"] == 0 and feed["applied"] >= 15  # from its position in the feed, not a rescan
 
 
-def test_a_gateway_behind_the_feeds_retention_resyncs_with_the_tier(launch: Launch) -> None:
+def test_a_gateway_behind_the_feeds_retention_resyncs_with_the_tier(launch: Launch, cluster_env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
     a = launch("a", KVGW_CLUSTER_FEED_RETENTION_EVENTS="3", KVGW_CLUSTER_TRIM_SECONDS="0.2")
     b = launch("b")
     with _client(a) as ca:
         assert ca.put(a.chunk_url("before"), content=b"1" * 1000).status_code == 201
     wait_for(lambda: _listed(b) == ["before"], "b indexed the first write")
+    position = _feed(b)["position"]
     b.stop()
     with _client(a) as ca:
         for i in range(10):
             assert ca.put(a.chunk_url(f"while{i}"), content=b"2" * 1000).status_code == 201
         assert ca.delete(a.chunk_url("before")).status_code == 204
     wait_for(lambda: _feed(a)["head"] >= 12, "a published everything")
+
+    def trimmed_past_b() -> bool:  # a trims every 0.2 s; a loaded machine may not have yet
+        status = _kvgw(cluster_env, "cluster", "status", "--json", "--data-dir", str(tmp_path / "cli"))
+        oldest = json.loads(status.stdout)["feed"]["oldest_kept"]
+        return oldest is not None and oldest > position + 1
+
+    wait_for(trimmed_past_b, "a trimmed the events b has not seen")
     b.start()
     expected = sorted(f"while{i}" for i in range(10))
     wait_for(lambda: sorted(_listed(b)) == expected, "b resynced with the tier")
