@@ -11,6 +11,12 @@ paths (0.5.6 or 0.5.7), in one run, against five storage targets on this machine
     (s) a raw socket stream                one request's bytes as one batch-get answers them, written
                                            from memory on one loopback connection (``kvgw bench io``'s
                                            baseline, ``baselines.RawResponder``): what (a) moves at most
+    (v) (f)'s files, read and verified     the same files, code and checks as (f)'s direct reads
+                                           (``DirectReader.read_into``: size and xxh3-64) into the
+                                           connector's MemoryObjs, on plain threads: what (f) moves at
+                                           most; (f) / (v) is what the connector and client add, (v) /
+                                           (e) what a verified read of kvgw's files costs against
+                                           LMCache's unverified read of its own
 
 Every target is driven by ``gateway.bench.lmcache_engine.Worker``: LMCache's ``StorageManager`` used as
 ``LMCacheEngine`` uses it (store = ``batched_put``; lookup = ``batched_contains``; retrieve = block
@@ -24,21 +30,25 @@ Measured per target and cache state:
 * get MB/s: ``--rounds`` passes of lookup + retrieve per request; only the retrieve is timed;
 * get p50 / p99: one chunk per ``batched_get`` call (``location`` given, no lookup), every chunk;
 * (s): after each retrieve round of (a), ``--requests`` answers of the stream read with the load
-  generator (``baselines.read_streams``), so (a) and its physical limit alternate in the same run.
+  generator (``baselines.read_streams``), so (a) and its physical limit alternate in the same run;
+* (v): after each retrieve round of (f), every request read again that way, alternating likewise.
 
 ``--cache warm`` reads what the page cache holds (everything was just written); ``--cache cold``
 syncs and drops the page cache of every chunk file (``posix_fadvise(DONTNEED)``, kvgw's chunk
 directory and LMCache's disk directory) before each request; moto keeps objects in its own memory,
 so (d) is always warm. Targets: (a) >= 70% of (e), (b) >= (e), (c) >= 3x (d), on get MB/s; (a)'s
 target is also reported for (f), the same connector configured for a co-located gateway; warm, (a) >=
-0.8x (s) (issue 14). Cold, (a) / (s) is printed without a verdict (the stream never reads a disk).
+0.8x (s) (issue 14). Cold, (a) / (s) is printed without a verdict (the stream never reads a disk);
+(f) / (v) and (v) / (e) are printed without one: they say where (f)'s time goes.
 Exit status 1 when a target fails or a target could not run.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import contextlib
+import functools
 import socket
 import statistics
 import sys
@@ -46,8 +56,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from backends.chunkfile import read_meta
 from gateway.bench.baselines import RawResponder, batch_request, batch_stream_bytes, read_streams
 from gateway.bench.launcher import (
     KvgwProcess,
@@ -58,6 +69,7 @@ from gateway.bench.launcher import (
     print_report,
     work_directory,
 )
+from kvgw_client.direct import DirectReader, Location, ReadResult
 
 MiB = 1 << 20
 ACCESS_KEY = "KVBENCHLMCACHEACCESS"
@@ -112,7 +124,19 @@ class Result:
     p99_ms: float = 0.0
     note: str = ""
     error: str | None = None
-    stream_mbps: list[float] = field(default_factory=list)  # (s), measured between this target's rounds
+    companion_mbps: list[float] = field(default_factory=list)  # the companion's, one per retrieve round
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A baseline measured after each retrieve round of one target, so the two alternate in one run."""
+
+    key: str
+    label: str
+    note: str
+    # (worker, the keys of every request, what to do before each request: drop the page cache when
+    # cold) -> MB/s
+    measure: Callable[[Any, list[list[Any]], Callable[[], None]], float]
 
 
 @dataclass
@@ -124,7 +148,7 @@ class Target:
     files: Callable[[], list[Path]]  # chunk files whose page cache "cold" drops
     prefetch: bool = False
     always_warm: str = ""  # why "cold" cannot apply
-    stream: Callable[[], float] | None = None  # (s) MB/s, measured after each retrieve round
+    companion: Companion | None = None
     results: list[Result] = field(default_factory=list)
 
 
@@ -211,8 +235,10 @@ class Bench:
                     moved += sum(o.get_size() for o in got)
                 finally:
                     le.release(got)
-            if target.stream is not None:
-                result.stream_mbps.append(target.stream())
+            if target.companion is not None:
+                keys_by_request = [self.keys(target, r) for r in range(args.requests)]
+                before_each = (lambda: drop_page_cache(target.files())) if cache == "cold" else (lambda: None)
+                result.companion_mbps.append(target.companion.measure(worker, keys_by_request, before_each))
         result.get_mbps = moved / max(elapsed, 1e-9) / 1e6
         latencies: list[float] = []
         for r in range(args.requests):
@@ -236,16 +262,74 @@ class Bench:
 # ---------------------------------------------------------------- report
 
 
-STREAM = "s"
-TARGETS = (("a", "e", 0.7, "(a) >= 70% of (e)"), ("f", "e", 0.7, "(f) >= 70% of (e)"), ("b", "e", 1.0, "(b) >= (e)"),
-           ("c", "d", 3.0, "(c) >= 3x (d)"), ("a", STREAM, 0.8, "(a) >= 0.8x (s)"))
+class Ratio(NamedTuple):
+    """One line of the report's ratios: ``num`` / ``den`` on get MB/s, a target when ``need`` is set."""
+
+    num: str
+    den: str
+    need: float | None
+    text: str
+    cache: str | None = None  # the one cache state it applies to; None: both
+    why: str = ""  # shown instead of a verdict when there is no target
 
 
-def stream_result(a: Result) -> Result:
-    """(s), measured between (a)'s rounds, as a row of its own: the median over those rounds."""
-    mbps = statistics.median(a.stream_mbps) if a.stream_mbps else 0.0
-    return Result(STREAM, "raw socket stream, same bytes", a.cache, get_mbps=mbps,
-                  note=f"median of {len(a.stream_mbps)}, from memory, one connection", error=a.error)
+TARGETS = (
+    Ratio("a", "e", 0.7, "(a) >= 70% of (e)"),
+    Ratio("f", "e", 0.7, "(f) >= 70% of (e)"),
+    Ratio("f", "e", 0.9, "(f) >= 0.9x (e)", "warm"),  # issue 14
+    Ratio("f", "e", 1.0, "(f) >= (e)", "cold"),  # issue 14
+    Ratio("b", "e", 1.0, "(b) >= (e)"),
+    Ratio("c", "d", 3.0, "(c) >= 3x (d)"),
+    Ratio("a", "s", 0.8, "(a) >= 0.8x (s)", "warm"),  # issue 14
+    Ratio("a", "s", None, "(a) / (s)", "cold", "no target: (s) reads no disk"),
+    Ratio("f", "v", None, "(f) / (v)", why="no target: (f) against a bare verified read"),
+    Ratio("v", "e", None, "(v) / (e)", why="no target: a verified read against LMCache's unverified one"),
+)
+
+
+def companion_result(companion: Companion, r: Result) -> Result:
+    """A companion, measured between ``r``'s rounds, as a row of its own: the median over those rounds."""
+    return Result(companion.key, companion.label, r.cache, get_mbps=statistics.median(r.companion_mbps),
+                  note=f"median of {len(r.companion_mbps)}, {companion.note}", error=r.error)
+
+
+def verified_read_mbps(worker: Any, keys: list[list[Any]], before_each: Callable[[], None], *, backend: str,
+                       root: Path) -> float:
+    """(v): the chunk files of ``keys`` (a kvgw fs tier under ``root``) read with the same code and
+    checks as the connector's direct reads (``DirectReader.read_into``: size and xxh3-64), into the
+    connector's own landings (``open_landing``: a new MemoryObj from LMCache's allocator), on as many
+    plain threads as the client reads with; no event loop, no client, no LMCache storage manager. Where
+    each file is comes from its footer (untimed). MB/s over the requests."""
+    conn = worker.backend(backend).connection.getWrappedConnector()
+    where: dict[str, Location] = {}
+    for path in files_under(root / "chunks"):
+        meta = read_meta(str(path))
+        where[meta.key] = Location(meta.size, meta.checksum, str(path.relative_to(root)))
+    reader = DirectReader(str(root), threads=1)
+    moved, elapsed = 0, 0.0
+    try:
+        with cf.ThreadPoolExecutor(max_workers=conn.client.settings.direct_read_threads,
+                                   thread_name_prefix="bench-verified-read") as pool:
+            for r, request in enumerate(keys):
+                locs = [where[conn.name_of(k)] for k in request]
+                before_each()
+                t = time.perf_counter()
+                landings = [conn.open_landing(loc.size) for loc in locs]
+                try:
+                    if any(opened is None for opened in landings):
+                        raise RuntimeError("(v): the connector refused a landing")
+                    results = list(pool.map(reader.read_into, locs, [opened[0] for opened in landings if opened]))
+                    elapsed += time.perf_counter() - t
+                finally:
+                    for opened in landings:
+                        if opened is not None:
+                            opened[1].release()
+                if any(res is not ReadResult.OK for res in results):
+                    raise RuntimeError(f"(v): request {r} read back {[res.value for res in results]}")
+                moved += sum(loc.size for loc in locs)
+    finally:
+        reader.close()
+    return moved / max(elapsed, 1e-9) / 1e6
 
 
 def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[str, bool]:
@@ -257,7 +341,7 @@ def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[s
             for r in t.results:
                 if r.cache != cache:
                     continue
-                rows = [r, stream_result(r)] if r.stream_mbps else [r]
+                rows = [r, companion_result(t.companion, r)] if t.companion and r.companion_mbps else [r]
                 for row in rows:
                     by_key[(cache, row.target)] = row
                     name = f"({row.target}) {row.label}"
@@ -271,19 +355,22 @@ def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[s
     lines += ["", "targets (get MB/s):"]
     ok = True
     for cache in caches:
-        for num, den, need, text in TARGETS:
-            a, b = by_key.get((cache, num)), by_key.get((cache, den))
+        for line in TARGETS:
+            if line.cache not in (None, cache):
+                continue
+            a, b = by_key.get((cache, line.num)), by_key.get((cache, line.den))
             if a is None or b is None or a.error or b.error or b.get_mbps <= 0:
-                lines.append(f"{cache:<6}{text:<22} n/a (a target did not run)")
-                ok = False
+                lines.append(f"{cache:<6}{line.text:<22} n/a (a target did not run)")
+                ok = ok and line.need is None
                 continue
             ratio = a.get_mbps / b.get_mbps
-            verdict = "PASS" if ratio >= need else "FAIL"
-            if den == STREAM and cache == "cold":
-                verdict = "(no target: (s) reads no disk)"
-            ok = ok and verdict != "FAIL"
-            p50s = f"   (p50 {a.p50_ms:.2f} vs {b.p50_ms:.2f} ms)" if b.p50_ms else ""
-            lines.append(f"{cache:<6}{text:<22}{a.get_mbps:>8.0f} / {b.get_mbps:<8.0f} = {ratio:5.2f}   "
+            if line.need is None:
+                verdict = f"({line.why})"
+            else:
+                verdict = "PASS" if ratio >= line.need else "FAIL"
+                ok = ok and verdict == "PASS"
+            p50s = f"   (p50 {a.p50_ms:.2f} vs {b.p50_ms:.2f} ms)" if a.p50_ms and b.p50_ms else ""
+            lines.append(f"{cache:<6}{line.text:<22}{a.get_mbps:>8.0f} / {b.get_mbps:<8.0f} = {ratio:5.2f}   "
                          f"{verdict}{p50s}")
     return "\n".join(lines), ok
 
@@ -359,10 +446,15 @@ def main(argv: Sequence[str]) -> int:
             s3_note = "" if can_vhost else f"{vhost} does not resolve: add '127.0.0.1 {vhost}' to /etc/hosts"
             if "a" in args.only:
                 targets.append(Target("a", "kvgw connector", le.REMOTE_KVGW, kvgw_worker(0), kvgw_files,
-                                      stream=stream_mbps))
+                                      companion=Companion("s", "raw socket stream, same bytes",
+                                                          "from memory, one connection",
+                                                          lambda _worker, _keys, _before: stream_mbps())))
             if "f" in args.only:
+                verified = functools.partial(verified_read_mbps, backend=le.REMOTE_KVGW, root=kvgw_dir / "fs")
                 targets.append(Target("f", "kvgw connector, direct reads", le.REMOTE_KVGW,
-                                      kvgw_worker(0, direct=True), kvgw_files))
+                                      kvgw_worker(0, direct=True), kvgw_files,
+                                      companion=Companion("v", "(f)'s files read and verified", "plain threads",
+                                                          verified)))
             if "b" in args.only:
                 targets.append(Target("b", "kvgw connector, prefetcher warm", le.REMOTE_KVGW,
                                       kvgw_worker(int(1.25 * bench.request_bytes)), kvgw_files, prefetch=True))

@@ -1,0 +1,52 @@
+"""``kvgw bench lmcache``'s report: companion rows (measured between a target's rounds) and its ratio lines,
+the ones with a target deciding the exit status, the ones without only saying where the time goes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.bench.lmcache import Companion, Result, Target, report
+
+
+def target(key: str, mbps: float, companion: tuple[str, list[float]] | None = None, cache: str = "warm") -> Target:
+    comp = None
+    result = Result(key, f"target {key}", cache, get_mbps=mbps)
+    if companion is not None:
+        comp = Companion(companion[0], f"companion of {key}", "a note", lambda _w, _k, _b: 0.0)
+        result.companion_mbps = companion[1]
+    files: list[Path] = []
+    return Target(key, f"target {key}", "backend", lambda: None, lambda: files, companion=comp, results=[result])
+
+
+def line(text: str, starts: str) -> str:
+    found = [row for row in text.splitlines() if row.startswith(starts)]
+    assert len(found) == 1, (starts, text)
+    return found[0]
+
+
+def test_a_companion_is_a_row_of_its_own_with_the_median_of_its_rounds() -> None:
+    text, _ = report([target("f", 600.0, ("v", [900.0, 500.0, 800.0])), target("e", 1000.0)], ["warm"], "header")
+    row = line(text, "warm  (v) companion of f")
+    assert "800" in row and "median of 3, a note" in row
+    assert "0.75" in line(text, "warm  (f) / (v)") and "no target" in line(text, "warm  (f) / (v)")
+    assert "0.80" in line(text, "warm  (v) / (e)")
+
+
+def test_lines_without_a_target_never_fail_the_run() -> None:
+    # every target met; (f) is half of its bare verified read, which has no target
+    targets = [target("a", 900.0, ("s", [1000.0])), target("b", 1200.0), target("c", 300.0), target("d", 100.0),
+               target("e", 1000.0), target("f", 950.0, ("v", [1900.0]))]
+    text, ok = report(targets, ["warm"], "header")
+    assert "0.50" in line(text, "warm  (f) / (v)") and "FAIL" not in text
+    assert ok
+    targets[4].results[0].get_mbps = 2000.0  # now (a), (b), (f) fall below (e)
+    text, ok = report(targets, ["warm"], "header")
+    assert not ok and "FAIL" in line(text, "warm  (f) >= 0.9x (e)")
+
+
+def test_a_warm_target_below_its_ratio_fails_and_cold_has_its_own_line() -> None:
+    warm, _ = report([target("f", 800.0), target("e", 1000.0)], ["warm"], "header")
+    assert "FAIL" in line(warm, "warm  (f) >= 0.9x (e)") and "PASS" in line(warm, "warm  (f) >= 70% of (e)")
+    assert "(f) >= (e)" not in warm  # issue 14's cold target is printed for cold only
+    cold, _ = report([target("f", 1200.0, cache="cold"), target("e", 1000.0, cache="cold")], ["cold"], "header")
+    assert "PASS" in line(cold, "cold  (f) >= (e)") and "0.9x" not in cold
