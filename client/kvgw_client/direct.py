@@ -18,6 +18,8 @@ import asyncio
 import concurrent.futures as cf
 import enum
 import os
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import xxhash
@@ -75,27 +77,44 @@ class DirectReader:
         self.root = root.rstrip("/") or "/"
         self._pool = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvgw-direct")
 
-    async def read_all(self, jobs: list[tuple[Location, Destination]]) -> list[ReadResult]:
+    async def read_all(self, jobs: Iterable[tuple[Location, Destination]]) -> list[ReadResult]:
         """Read every job (at most ``threads`` at a time); results in job order.
 
+        Each read is submitted as soon as its job is drawn from ``jobs``, so a generator that takes each
+        destination as it yields (an allocation: tens of microseconds in LMCache's pool) overlaps that
+        work with the reads already running. The loop is woken once, when the last read has ended, not
+        once per read: each wake-up costs the loop thread a turn at the GIL while the readers need it.
+
         The threads write into the caller's buffers, which the caller frees or reuses as soon as this
-        returns or raises. So it never leaves a read running behind it: when cancelled, reads not yet
-        started are dropped and running ones are waited for (one chunk read: milliseconds).
+        returns or raises. So it never leaves a read running behind it: when cancelled, or when drawing
+        a job raises, reads not yet started are dropped and running ones are waited for (one chunk
+        read: milliseconds) before the exception propagates.
         """
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
         futures: list[cf.Future[ReadResult]] = []
+        unfinished = _Countdown(lambda: loop.call_soon_threadsafe(_resolve, finished))
         try:
             for loc, dest in jobs:
-                futures.append(self._pool.submit(self.read_into, loc, dest))
-        except RuntimeError:  # the pool is shut down: the client is closing
-            cf.wait(futures)
-            return [ReadResult.UNREADABLE] * len(jobs)
-        try:
-            return [await asyncio.wrap_future(f) for f in futures]
+                unfinished.add()
+                try:
+                    future = self._pool.submit(self.read_into, loc, dest)
+                except RuntimeError:  # the pool is shut down: the client is closing
+                    unfinished.done()
+                    cf.wait(futures)
+                    return [ReadResult.UNREADABLE] * (len(futures) + 1 + sum(1 for _ in jobs))
+                futures.append(future)
+                future.add_done_callback(unfinished.done)
+            if not futures:
+                return []
+            unfinished.done()  # the count the drawing held: from here on, the last read wakes the loop
+            await finished
         except BaseException:
             for f in futures:
                 f.cancel()
             cf.wait(futures)
             raise
+        return [f.result() for f in futures]
 
     def read_into(self, loc: Location, dest: Destination) -> ReadResult:
         assert loc.path is not None
@@ -125,6 +144,32 @@ class DirectReader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)  # reads already queued finish: their buffers are still lent out
+
+
+class _Countdown:
+    """Calls ``at_zero`` once, in whichever thread takes the count from one to zero. Starts at one (held
+    by whoever adds), so it cannot reach zero before every ``add`` has been made."""
+
+    def __init__(self, at_zero: Callable[[], object]) -> None:
+        self._count = 1
+        self._lock = threading.Lock()
+        self._at_zero = at_zero
+
+    def add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def done(self, _future: object = None) -> None:
+        with self._lock:
+            self._count -= 1
+            last = self._count == 0
+        if last:
+            self._at_zero()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # cancelled meanwhile: the waiter is gone
+        future.set_result(None)
 
 
 def _pread_exact(fd: int, view: memoryview, pos: int) -> bool:

@@ -738,18 +738,24 @@ class KvgwClient:
         done: dict[int, BatchItem] = {}
         rest: list[int] = []
         jobs: list[tuple[int, Location, Destination]] = []
-        for j, loc in enumerate(located):
-            if loc is None:
-                done[positions[j]] = BatchItem(positions[j], ItemStatus.MISSING)
-            elif loc.path is None:
-                rest.append(j)
-            else:
-                dest = memoryview(bytearray(loc.size)) if into is None else into(positions[j], loc.size)
-                if dest is None:
-                    done[positions[j]] = BatchItem(positions[j], ItemStatus.REFUSED, loc.size)
+
+        def draw() -> Iterator[tuple[Location, Destination]]:
+            """The reads, each destination taken just before its read starts (``read_all`` reads the
+            first while this takes the next one)."""
+            for j, loc in enumerate(located):
+                if loc is None:
+                    done[positions[j]] = BatchItem(positions[j], ItemStatus.MISSING)
+                elif loc.path is None:
+                    rest.append(j)
                 else:
-                    jobs.append((j, loc, dest))
-        results = await self._direct.read_all([(loc, dest) for _, loc, dest in jobs])
+                    dest = memoryview(bytearray(loc.size)) if into is None else into(positions[j], loc.size)
+                    if dest is None:
+                        done[positions[j]] = BatchItem(positions[j], ItemStatus.REFUSED, loc.size)
+                    else:
+                        jobs.append((j, loc, dest))
+                        yield loc, dest
+
+        results = await self._direct.read_all(draw())
         taken: dict[int, tuple[int, Destination]] = {}
         for (j, loc, dest), result in zip(jobs, results, strict=True):
             if result is ReadResult.OK:
