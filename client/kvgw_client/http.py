@@ -81,6 +81,7 @@ Payload = Buffer | Sequence[Buffer]
 
 _WRITE_SLICE = 1 << 20
 _BRIDGE_DEPTH = 4
+_TOUCH_AFTER_S = 0.25  # at most this long between a direct read and the touch that reports it
 
 
 class PutOutcome(enum.StrEnum):
@@ -150,6 +151,8 @@ class KvgwClient:
         self._lease_refusals: set[str] = set()  # reasons already logged
         self._leases = HeldLeases(clock)  # read leases granted to this client's lookups
         self._background: set[asyncio.Future[int]] = set()  # touches of direct reads, sent after them
+        self._untouched: dict[str, None] = {}  # keys read directly and not reported yet, in read order
+        self._touch_timer: asyncio.TimerHandle | None = None
         self._policy = CallPolicy(
             settings, logger or log, self.counters, probe=self._probe_once, is_closed=lambda: self._closed,
             clock=clock, rand=rand,
@@ -421,21 +424,49 @@ class KvgwClient:
         return total
 
     def _touch_soon(self, keys: list[str]) -> None:
-        """Report reads done without the gateway (direct reads of remembered files) in the background;
-        a failure is counted by the call policy and otherwise ignored (it costs eviction accuracy only)."""
+        """Report reads done without the gateway (direct reads of remembered files) in the background.
+
+        Reports are coalesced: the keys read within ``_TOUCH_AFTER_S`` (a quarter of the lease at most)
+        go in one ``touch``. One call per load cost each load a request's worth of the client's loop and
+        the gateway's CPU beside the reads (``kvgw bench lmcache``: (f) / (v) 0.81-0.85 with a touch per
+        load, 0.90-0.93 coalesced, alternating runs). Waiting is safe: these keys are leased (that is
+        why no ``locate`` was asked), so the lifecycle cannot remove them before the report lands; a
+        failure is counted by the call policy and otherwise ignored (it costs eviction accuracy only)."""
+        self._untouched.update(dict.fromkeys(keys))
+        if self._touch_timer is None:
+            self._touch_timer = asyncio.get_running_loop().call_later(self._touch_delay(), self._touch_now)
+
+    def _touch_delay(self) -> float:
+        return min(_TOUCH_AFTER_S, self.settings.lease_ms / 4000)
+
+    def _touch_now(self) -> None:
+        keys = self._take_untouched()
+        if not keys:
+            return
         task = asyncio.ensure_future(self._policy.op("touch", lambda: self._touch(keys), quiet=True, fallback=0,
                                                      deadline=self.settings.timeouts.control))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _touch(self, keys: list[str]) -> int:
+    def _take_untouched(self) -> list[str]:
+        if self._touch_timer is not None:
+            self._touch_timer.cancel()
+            self._touch_timer = None
+        keys, self._untouched = list(self._untouched), {}
+        return keys
+
+    async def _touch(self, keys: list[str], *, closing: bool = False) -> int:
+        """``closing``: one attempt each, outside the call policy (which refuses calls once the client is
+        closed): the last report, sent while closing."""
         for key in keys:
             _check_key(key)
         total = 0
         for _, part in _batches(keys, self.settings.max_keys_per_call):
-
-            total += await self._post_json("touch", "touch", part,
-                                           functools.partial(_count_in, "touch", "touched", len(part)))
+            parse = functools.partial(_count_in, "touch", "touched", len(part))
+            if closing:
+                total += await self._post_attempt("touch", "touch", {"keys": part}, parse)
+            else:
+                total += await self._post_json("touch", "touch", part, parse)
         return total
 
     async def _post_json(self, op: str, endpoint: str, keys: list[str], parse: Callable[[object], T]) -> T:
@@ -461,24 +492,23 @@ class KvgwClient:
     async def _post_doc(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T]) -> T:
         """POST the JSON ``body`` to a bucket call and ``parse`` its JSON answer, as one attempt of the
         call policy (retries, circuit, failure counting)."""
+        return await self._policy.attempts(op, lambda: self._post_attempt(op, endpoint, body, parse))
+
+    async def _post_attempt(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T]) -> T:
         url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
-
-        async def attempt() -> T:
-            async with (
-                translate(op),
-                asyncio.timeout(self.settings.timeouts.control),
-                self._http().post(url, json=body) as resp,
-            ):
-                if resp.status != 200:
-                    raise await error_from(resp)
-                raw = await resp.read()
-            try:
-                doc = json.loads(raw)
-            except ValueError as exc:
-                raise ProtocolError(f"{op}: response is not JSON") from exc
-            return parse(doc)
-
-        return await self._policy.attempts(op, attempt)
+        async with (
+            translate(op),
+            asyncio.timeout(self.settings.timeouts.control),
+            self._http().post(url, json=body) as resp,
+        ):
+            if resp.status != 200:
+                raise await error_from(resp)
+            raw = await resp.read()
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError(f"{op}: response is not JSON") from exc
+        return parse(doc)
 
     def _granted_ms(self, op: str, doc: object) -> int:
         """How long a lookup's answer says its hits are leased; a refusal is counted (logged once per
@@ -854,6 +884,10 @@ class KvgwClient:
 
     async def _shutdown(self) -> None:
         self._policy.stop_probing()
+        unreported = self._take_untouched()
+        if unreported:  # reads not reported yet: now rather than never; best effort, as every touch
+            with contextlib.suppress(KvgwClientError, aiohttp.ClientError, OSError, TimeoutError):
+                await self._touch(unreported, closing=True)
         if self._background:  # touches still in flight: brief, and losing one costs eviction accuracy only
             await asyncio.wait(set(self._background), timeout=self.settings.timeouts.control)
         if self._direct is not None:

@@ -169,6 +169,32 @@ def test_a_read_under_a_lease_asks_nothing_before_its_bytes_and_still_verifies(
         client.close()
 
 
+def test_reads_reported_by_one_touch_per_window_and_the_rest_on_close(
+    proxy: HttpFaultProxy, shared_server: ServerProcess, names: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Direct reads without a ``locate`` are reported in one ``touch`` per window, not one per read; what is
+    still unreported when the client closes is sent then. The window is made an hour long here, so no
+    timer fires during the test: every report comes from the close."""
+    monkeypatch.setattr(KvgwClient, "_touch_delay", lambda self: 3600.0)
+    settings = fast_settings(proxy.url, lease_ms=5000, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
+    client = KvgwClient(settings)
+    try:
+        runs = [[names(f"{run}-{i}") for i in range(2)] for run in "ab"]
+        for keys in runs:
+            for key in keys:
+                client.blocking.put(key, key.encode() * 500)
+            assert client.blocking.prefix(keys) == 2
+            assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 2  # located
+        for _ in range(3):
+            for keys in runs:
+                assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 2  # not located
+        assert proxy.ops("locate") == 2 and proxy.ops("touch") == 0
+        assert client.stats()["counters"]["direct.located_before"] == 6  # type: ignore[index]
+    finally:
+        client.close()
+    assert proxy.ops("touch") == 1  # six reads of four keys, reported in one call
+
+
 def wait_for(condition: Callable[[], bool]) -> None:
     """Until ``condition`` holds (a background call lands); fails after 10 s without it."""
     for _ in range(1000):
