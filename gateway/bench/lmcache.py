@@ -14,9 +14,10 @@ paths (0.5.6 or 0.5.7), in one run, against five storage targets on this machine
     (v) (f)'s files, read and verified     the same files, code and checks as (f)'s direct reads
                                            (``DirectReader.read_into``: size and xxh3-64) into the
                                            connector's MemoryObjs, on plain threads: what (f) moves at
-                                           most; (f) / (v) is what the connector and client add, (v) /
-                                           (e) what a verified read of kvgw's files costs against
-                                           LMCache's unverified read of its own
+                                           most; (f) / (v) is what the connector and client add
+    (w) (e)'s files, read and verified     the same for LMCache's disk files, into (e)'s MemoryObjs:
+                                           (w) / (e) is what verifying costs, (v) / (w) what kvgw's
+                                           file layout costs against LMCache's
 
 Every target is driven by ``gateway.bench.lmcache_engine.Worker``: LMCache's ``StorageManager`` used as
 ``LMCacheEngine`` uses it (store = ``batched_put``; lookup = ``batched_contains``; retrieve = block
@@ -31,15 +32,17 @@ Measured per target and cache state:
 * get p50 / p99: one chunk per ``batched_get`` call (``location`` given, no lookup), every chunk;
 * (s): after each retrieve round of (a), ``--requests`` answers of the stream read with the load
   generator (``baselines.read_streams``), so (a) and its physical limit alternate in the same run;
-* (v): after each retrieve round of (f), every request read again that way, alternating likewise.
+* (v), (w): after each retrieve round of (f), (e), every request read again that way, alternating
+  likewise (so (f) / (v) and (w) / (e) compare rounds of one run; (f) / (e) and (v) / (w) do not).
 
 ``--cache warm`` reads what the page cache holds (everything was just written); ``--cache cold``
 syncs and drops the page cache of every chunk file (``posix_fadvise(DONTNEED)``, kvgw's chunk
 directory and LMCache's disk directory) before each request; moto keeps objects in its own memory,
 so (d) is always warm. Targets: (a) >= 70% of (e), (b) >= (e), (c) >= 3x (d), on get MB/s; (a)'s
-target is also reported for (f), the same connector configured for a co-located gateway; warm, (a) >=
-0.8x (s) (issue 14). Cold, (a) / (s) is printed without a verdict (the stream never reads a disk);
-(f) / (v) and (v) / (e) are printed without one: they say where (f)'s time goes.
+target is also reported for (f), the same connector configured for a co-located gateway; issue 14's:
+warm, (f) >= 0.9x (e) and (a) >= 0.8x (s); cold, (f) >= (e). Cold, (a) / (s) is printed without a
+verdict (the stream never reads a disk); (f) / (v), (w) / (e) and (v) / (w) are printed without one:
+they say where (f)'s time goes.
 Exit status 1 when a target fails or a target could not run.
 """
 
@@ -58,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import xxhash
+
 from backends.chunkfile import read_meta
 from gateway.bench.baselines import RawResponder, batch_request, batch_stream_bytes, read_streams
 from gateway.bench.launcher import (
@@ -70,6 +75,7 @@ from gateway.bench.launcher import (
     work_directory,
 )
 from kvgw_client.direct import DirectReader, Location, ReadResult
+from kvgw_client.framing import Destination
 
 MiB = 1 << 20
 ACCESS_KEY = "KVBENCHLMCACHEACCESS"
@@ -283,7 +289,8 @@ TARGETS = (
     Ratio("a", "s", 0.8, "(a) >= 0.8x (s)", "warm"),  # issue 14
     Ratio("a", "s", None, "(a) / (s)", "cold", "no target: (s) reads no disk"),
     Ratio("f", "v", None, "(f) / (v)", why="no target: (f) against a bare verified read"),
-    Ratio("v", "e", None, "(v) / (e)", why="no target: a verified read against LMCache's unverified one"),
+    Ratio("w", "e", None, "(w) / (e)", why="no target: what verifying costs (alternated)"),
+    Ratio("v", "w", None, "(v) / (w)", why="no target: kvgw's files against LMCache's, both verified"),
 )
 
 
@@ -293,39 +300,74 @@ def companion_result(companion: Companion, r: Result) -> Result:
                   note=f"median of {len(r.companion_mbps)}, {companion.note}", error=r.error)
 
 
-def verified_read_mbps(worker: Any, keys: list[list[Any]], before_each: Callable[[], None], *, backend: str,
-                       root: Path) -> float:
-    """(v): the chunk files of ``keys`` (a kvgw fs tier under ``root``) read with the same code and
-    checks as the connector's direct reads (``DirectReader.read_into``: size and xxh3-64), into the
-    connector's own landings (``open_landing``: a new MemoryObj from LMCache's allocator), on as many
-    plain threads as the client reads with; no event loop, no client, no LMCache storage manager. Where
-    each file is comes from its footer (untimed). MB/s over the requests."""
+class ReadSide(NamedTuple):
+    """What a bare verified read of one target's chunk files needs (found untimed)."""
+
+    root: Path
+    threads: int
+    locations: list[list[Location]]  # per request, per chunk
+    land: Callable[[Location], tuple[Destination, Callable[[], None]] | None]  # a destination and its release
+
+
+def kvgw_side(worker: Any, keys: list[list[Any]], *, backend: str, root: Path) -> ReadSide:
+    """(f)'s files: located by their footers under kvgw's fs tier ``root``; each lands where the
+    connector's would (``open_landing``: a new MemoryObj, the metadata header in a small buffer)."""
     conn = worker.backend(backend).connection.getWrappedConnector()
     where: dict[str, Location] = {}
     for path in files_under(root / "chunks"):
         meta = read_meta(str(path))
         where[meta.key] = Location(meta.size, meta.checksum, str(path.relative_to(root)))
-    reader = DirectReader(str(root), threads=1)
+
+    def land(loc: Location) -> tuple[Destination, Callable[[], None]] | None:
+        opened = conn.open_landing(loc.size)
+        return None if opened is None else (opened[0], opened[1].release)
+    return ReadSide(root, conn.client.settings.direct_read_threads,
+                    [[where[conn.name_of(k)] for k in request] for request in keys], land)
+
+
+def disk_side(worker: Any, keys: list[list[Any]], *, root: Path) -> ReadSide:
+    """(e)'s files: LMCache's local-disk map says where, their xxh3 is taken once; each lands in a new
+    MemoryObj, as (e)'s do; as many threads as (e)'s read pool (LMCache's ``disk_io_threads``)."""
+    from gateway.bench import lmcache_engine as le
+
+    disk = worker.backend(le.LOCAL_DISK)
+    with disk.disk_lock:
+        paths = [[Path(disk.dict[k].path) for k in request] for request in keys]
+    locations = [[Location(p.stat().st_size, xxhash.xxh3_64_intdigest(p.read_bytes()), str(p.relative_to(root)))
+                  for p in request] for request in paths]
+
+    def land(loc: Location) -> tuple[Destination, Callable[[], None]] | None:
+        obj = worker.allocate(1)[0]
+        return obj.byte_array, obj.ref_count_down
+    return ReadSide(root, disk._read_thread_pool._max_workers, locations, land)
+
+
+def verified_read_mbps(worker: Any, keys: list[list[Any]], before_each: Callable[[], None], *,
+                       side: Callable[[Any, list[list[Any]]], ReadSide]) -> float:
+    """A target's chunk files read with the same code and checks as the connector's direct reads
+    (``DirectReader.read_into``: size and xxh3-64) into destinations taken as the target takes them, on
+    plain threads; no event loop, no client, no LMCache storage manager. MB/s over the requests."""
+    files = side(worker, keys)
+    reader = DirectReader(str(files.root), threads=1)
     moved, elapsed = 0, 0.0
     try:
-        with cf.ThreadPoolExecutor(max_workers=conn.client.settings.direct_read_threads,
-                                   thread_name_prefix="bench-verified-read") as pool:
-            for r, request in enumerate(keys):
-                locs = [where[conn.name_of(k)] for k in request]
+        with cf.ThreadPoolExecutor(max_workers=files.threads, thread_name_prefix="bench-verified-read") as pool:
+            for r, locs in enumerate(files.locations):
                 before_each()
                 t = time.perf_counter()
-                landings = [conn.open_landing(loc.size) for loc in locs]
+                landings = [files.land(loc) for loc in locs]
                 try:
-                    if any(opened is None for opened in landings):
-                        raise RuntimeError("(v): the connector refused a landing")
-                    results = list(pool.map(reader.read_into, locs, [opened[0] for opened in landings if opened]))
+                    if any(landing is None for landing in landings):
+                        raise RuntimeError("no memory for a verified read")
+                    dests = [landing[0] for landing in landings if landing is not None]
+                    results = list(pool.map(reader.read_into, locs, dests))
                     elapsed += time.perf_counter() - t
                 finally:
-                    for opened in landings:
-                        if opened is not None:
-                            opened[1].release()
+                    for landing in landings:
+                        if landing is not None:
+                            landing[1]()
                 if any(res is not ReadResult.OK for res in results):
-                    raise RuntimeError(f"(v): request {r} read back {[res.value for res in results]}")
+                    raise RuntimeError(f"request {r} read back {[res.value for res in results]}")
                 moved += sum(loc.size for loc in locs)
     finally:
         reader.close()
@@ -450,7 +492,8 @@ def main(argv: Sequence[str]) -> int:
                                                           "from memory, one connection",
                                                           lambda _worker, _keys, _before: stream_mbps())))
             if "f" in args.only:
-                verified = functools.partial(verified_read_mbps, backend=le.REMOTE_KVGW, root=kvgw_dir / "fs")
+                kvgw_read = functools.partial(kvgw_side, backend=le.REMOTE_KVGW, root=kvgw_dir / "fs")
+                verified = functools.partial(verified_read_mbps, side=kvgw_read)
                 targets.append(Target("f", "kvgw connector, direct reads", le.REMOTE_KVGW,
                                       kvgw_worker(0, direct=True), kvgw_files,
                                       companion=Companion("v", "(f)'s files read and verified", "plain threads",
@@ -473,8 +516,11 @@ def main(argv: Sequence[str]) -> int:
                                       s3_worker(f"s3://{vhost}:{moto_port}", MOTO_KEY, MOTO_KEY), lambda: [],
                                       always_warm="moto keeps objects in memory"))
             if "e" in args.only:
+                disk_read = functools.partial(disk_side, root=disk_dir)
                 targets.append(Target("e", "LMCache local-disk backend", le.LOCAL_DISK, disk_worker,
-                                      lambda: files_under(disk_dir)))
+                                      lambda: files_under(disk_dir),
+                                      companion=Companion("w", "(e)'s files read and verified", "as (v) reads",
+                                                          functools.partial(verified_read_mbps, side=disk_read))))
             for target in targets:
                 skip = s3_note if target.key in "cd" else ""
                 skip = skip or (moto_error if target.key == "d" else "")

@@ -25,11 +25,13 @@ def line(text: str, starts: str) -> str:
 
 
 def test_a_companion_is_a_row_of_its_own_with_the_median_of_its_rounds() -> None:
-    text, _ = report([target("f", 600.0, ("v", [900.0, 500.0, 800.0])), target("e", 1000.0)], ["warm"], "header")
+    text, _ = report([target("f", 600.0, ("v", [900.0, 500.0, 800.0])), target("e", 1000.0, ("w", [640.0]))],
+                     ["warm"], "header")
     row = line(text, "warm  (v) companion of f")
     assert "800" in row and "median of 3, a note" in row
     assert "0.75" in line(text, "warm  (f) / (v)") and "no target" in line(text, "warm  (f) / (v)")
-    assert "0.80" in line(text, "warm  (v) / (e)")
+    assert "0.64" in line(text, "warm  (w) / (e)")
+    assert "1.25" in line(text, "warm  (v) / (w)")
 
 
 def test_lines_without_a_target_never_fail_the_run() -> None:
