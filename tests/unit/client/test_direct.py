@@ -35,36 +35,41 @@ def test_reads_verify_size_and_checksum(tmp_path: Path) -> None:
         reader.close()
 
 
+class HeldReader(DirectReader):
+    """Holds every read in flight until ``release`` is set; ``ended`` lists the reads that finished."""
+
+    def __init__(self, root: str, threads: int) -> None:
+        super().__init__(root, threads)
+        self.started, self.release = threading.Event(), threading.Event()
+        self.ended: list[ReadResult] = []
+
+    def read_into(self, loc: Location, dest: Destination) -> ReadResult:
+        self.started.set()
+        assert self.release.wait(60), "never released"
+        self.ended.append(super().read_into(loc, dest))
+        return self.ended[-1]
+
+
 async def test_cancelled_batch_waits_for_the_read_in_flight(tmp_path: Path) -> None:
     """The caller frees its buffers once read_all is cancelled: a thread still writing into them would
     corrupt whatever they hold next. The read is held in flight (on an event, not a timer) until the
     cancellation has been delivered; read_all must not return before it ended."""
     data = os.urandom(4)
     (tmp_path / "c").write_bytes(data)
-    started, release = threading.Event(), threading.Event()
-    ended: list[ReadResult] = []
-
-    class HeldReader(DirectReader):
-        def read_into(self, loc: Location, dest: Destination) -> ReadResult:
-            started.set()
-            assert release.wait(60), "never released"
-            ended.append(super().read_into(loc, dest))
-            return ended[-1]
-
     reader = HeldReader(str(tmp_path), 1)
     try:
         task = asyncio.ensure_future(reader.read_all([(Location(4, xxhash.xxh3_64_intdigest(data), "c"),
                                                        memoryview(bytearray(4)))]))
-        assert await asyncio.to_thread(started.wait, 60), "the read never started"
+        assert await asyncio.to_thread(reader.started.wait, 60), "the read never started"
         # cancelled while the read runs; released from another thread, since the cancelled read_all
         # blocks the loop until its read is done
-        threading.Timer(0.1, release.set).start()
+        threading.Timer(0.1, reader.release.set).start()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert ended == [ReadResult.OK]  # returned only after the read ended
+        assert reader.ended == [ReadResult.OK]  # returned only after the read ended
     finally:
-        release.set()
+        reader.release.set()
         reader.close()
 
 
@@ -112,29 +117,20 @@ async def test_a_failure_while_drawing_waits_for_the_reads_already_running(tmp_p
     """Taking a destination can fail (the caller's allocator): the reads already running write into
     buffers the caller frees when the error reaches it, so read_all lets it through only after they ended."""
     chunks = _chunks(tmp_path, 1)
-    started, release = threading.Event(), threading.Event()
-    ended: list[ReadResult] = []
-
-    class HeldReader(DirectReader):
-        def read_into(self, loc: Location, dest: Destination) -> ReadResult:
-            started.set()
-            assert release.wait(60), "never released"
-            ended.append(super().read_into(loc, dest))
-            return ended[-1]
+    reader = HeldReader(str(tmp_path), 1)
 
     def draw() -> Iterator[tuple[Location, Destination]]:
         yield chunks[0][0], memoryview(bytearray(4096))
-        assert started.wait(60), "the read never started"
-        threading.Timer(0.1, release.set).start()
+        assert reader.started.wait(60), "the read never started"
+        threading.Timer(0.1, reader.release.set).start()
         raise MemoryError("the pool is exhausted")
 
-    reader = HeldReader(str(tmp_path), 1)
     try:
         with pytest.raises(MemoryError):
             await reader.read_all(draw())
-        assert ended == [ReadResult.OK]
+        assert reader.ended == [ReadResult.OK]
     finally:
-        release.set()
+        reader.release.set()
         reader.close()
 
 
