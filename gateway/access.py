@@ -126,6 +126,11 @@ class Directory:
                 raise NoSuchBucket(f"bucket {name!r} does not exist")
         return policy
 
+    def bucket_in_view(self, name: str) -> BucketPolicy | None:
+        """The bucket's policy if the view holds it, without re-reading the catalog (None otherwise;
+        ``bucket`` then decides): for callers that cannot await (``gateway.api.lane``)."""
+        return self._buckets.get(name)
+
     # -- credentials ---------------------------------------------------------------------------
 
     def secret_for(self, access_key: str) -> str | None:

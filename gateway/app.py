@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.api.http import Receive, Scope, Send, new_request_id
+from gateway.api.lane import LookupLane
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
 from gateway.buckets import BucketService, new_bucket_policy
@@ -120,6 +121,8 @@ class GatewayApp:
         native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
                            lookups=self.metrics.count_lookup)
         calls = native.calls
+        # answers index-only lookups inside the HTTP protocol (gateway.api.lane; serve.run_worker installs it)
+        self.lane = LookupLane(native, self.metrics) if settings.lookup_lane else None
         self.native = self.metrics.wrap("native", native,
                                         lambda scope: native_op(scope["method"], scope["path"], calls))
         self.control = self.metrics.wrap("control", build_control_plane(gateway, self.registry),

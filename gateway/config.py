@@ -90,6 +90,7 @@ class Settings(BaseSettings):
 
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
     verify_reads: bool = True  # check a chunk's checksum before serving its first byte
+    lookup_lane: bool = True  # answer index-only HEAD / exists / prefix inside the HTTP protocol (gateway.api.lane)
     whole_read_max_bytes: int = 16 * MiB  # chunks up to this size are read in one go, larger ones streamed
     read_window_bytes: int = 4 * MiB  # piece size when streaming
     read_buffer_budget_bytes: int = 128 * MiB  # chunk bytes all reads may hold at once (gateway.read_budget)

@@ -67,6 +67,7 @@ class RequestMetrics:
         # third of what a native HEAD spends in Python (profiled); the label sets are few and fixed
         self._lookup_children: dict[tuple[str, str], Any] = {}
         self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._byte_children: dict[str, tuple[Any, Any]] = {}
 
     def count_lookup(self, op: str, hits: int, misses: int) -> None:
         if hits:
@@ -89,10 +90,28 @@ class RequestMetrics:
                 self._request_children[(api, op, status)] = children
         return children
 
+    def _bytes_children(self, api: str) -> tuple[Any, Any]:
+        """The (body bytes in, body bytes out) counters of one API."""
+        children = self._byte_children.get(api)
+        if children is None:
+            children = self._byte_children[api] = (self.bytes_in.labels(api), self.bytes_out.labels(api))
+        return children
+
+    def answered(self, api: str, op: str, status: int, seconds: float, body_in: int, body_out: int) -> None:
+        """One request answered without an ASGI app (``gateway.api.lane``), counted as ``wrap`` counts."""
+        requests, latency = self._request_child(api, op, status)
+        requests.inc()
+        latency.observe(seconds)
+        bytes_in, bytes_out = self._bytes_children(api)
+        if body_in:
+            bytes_in.inc(body_in)
+        if body_out:
+            bytes_out.inc(body_out)
+
     def wrap(self, api: str, app: ASGIApp, op_of: Callable[[Scope], str]) -> ASGIApp:
         """``app`` measured as ``api``; ``op_of(scope)`` names the operation once the request is done."""
         request_child = self._request_child
-        bytes_in, bytes_out = self.bytes_in.labels(api), self.bytes_out.labels(api)
+        bytes_in, bytes_out = self._bytes_children(api)
 
         async def measured(scope: Scope, receive: Receive, send: Send) -> None:
             start = time.perf_counter()

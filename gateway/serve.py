@@ -159,14 +159,15 @@ def run_worker(settings: Settings, app: Any, sock: socket.socket) -> None:
     """uvicorn on the bound socket until SIGTERM/SIGINT, which drain in-flight requests first."""
     import uvicorn
 
-    from gateway.api.connections import ConnectionLimits, protocol_class
+    from gateway.api.connections import ConnectionLimits
+    from gateway.api.lane import protocol_class
 
     limits = ConnectionLimits(settings.header_timeout, settings.idle_timeout, settings.max_connections,
                               settings.max_connections_per_client)
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=protocol_class(limits),  # httptools, small responses in one write, slow/excess clients closed
+        http=protocol_class(limits, app.lane),  # httptools, one write per small answer, guards, lookup lane
         lifespan="on",
         log_level=settings.log_level,
         log_config=None,  # uvicorn's loggers go through the handler gateway.logs set up

@@ -158,6 +158,15 @@ class ChunkService:
             return ChunkInfo.from_entry(entry) if self._readable(digest, entry, self._clock()) else None
         return (await self._fall_through_many([digest], bucket.name, [key], strict=strict))[0]
 
+    def lookup_indexed(self, bucket: BucketPolicy, key: str) -> ChunkInfo | None:
+        """``lookup``'s answer when the index holds it live, without awaiting anything (the lookup lane,
+        ``gateway.api.lane``); None when ``lookup`` would have to say more (absent, expired, the tiers)."""
+        digest = chunk_digest(bucket.name, key)
+        entry = self._index.get(digest)
+        if entry is None or not self._readable(digest, entry, self._clock()):
+            return None
+        return ChunkInfo.from_entry(entry)
+
     def _readable(self, digest: bytes, entry: IndexEntry, now: float) -> bool:
         """Alive, or expired under a read lease this process granted (``LeaseBook.leased_here``)."""
         return entry.alive(now) or (self._leases is not None and self._leases.leased_here(digest, now))
@@ -275,6 +284,18 @@ class ChunkService:
                 break
             start += 1
         return start
+
+    def all_indexed(self, bucket: BucketPolicy, keys: Sequence[str], *, prefix: bool = False) -> bool:
+        """Whether every key is indexed and alive, found without awaiting anything: then ``exists``
+        answers all true and ``prefix`` ``len(keys)``. The lookup lane (``gateway.api.lane``) answers
+        those itself; any other answer may need the tiers and takes the ordinary path. ``prefix``: the
+        keys are a prefix lookup, whose chain is reported (as ``prefix`` does) when all are there."""
+        digests = self._digests(bucket, keys)
+        if self._index.alive_prefix(digests, self._clock()) != len(keys):
+            return False
+        if prefix:  # learning the chain can wait until the answer is on its way
+            asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
+        return True
 
     async def lease(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]]:
         """Read-lease the chunks of ``keys``, which a lookup found just now (``gateway.leases``).

@@ -61,7 +61,7 @@ class UrlTooLong(Exception):
 
 
 class GuardedHttpProtocol(HoldingHttpToolsProtocol):
-    """``uvicorn.run(http=protocol_class(limits))``: the one-write protocol plus the defences above."""
+    """The one-write protocol plus the defences above (served as ``gateway.api.lane.protocol_class``)."""
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     open_by_client: ClassVar[collections.Counter[str]] = collections.Counter()
@@ -193,7 +193,3 @@ class GuardedHttpProtocol(HoldingHttpToolsProtocol):
         """uvicorn's own plain-text 400 (non-ASCII header bytes and the like), as kvgw's JSON error."""
         self._refuse(400, "InvalidRequest", msg)
 
-
-def protocol_class(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
-    """The protocol class for one server, with its limits (uvicorn instantiates it per connection)."""
-    return type("KvgwHttpProtocol", (GuardedHttpProtocol,), {"limits": limits})

@@ -30,8 +30,11 @@ import base64
 import binascii
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
+import orjson
+
+from backends.catalog.store import BucketPolicy
 from backends.tiers import TierId
 from gateway import errors
 from gateway.access import Action, Directory
@@ -44,6 +47,7 @@ from gateway.api.http import (
     Send,
     http_date,
     json_body,
+    new_request_id,
     parse_range,
     parse_ttl,
     path_segment,
@@ -115,6 +119,17 @@ BUCKETS_PREFIX = "/v1/buckets/"
 Handler = Callable[[Request, Send, str, str], Awaitable[None]]
 
 
+class IndexedAnswer(NamedTuple):
+    """A complete answer found without awaiting anything (``NativeAPI.answer_indexed``)."""
+
+    op: str  # the operation's metrics name (``gateway.metrics.native_op``)
+    headers: Headers  # content-length included (a HEAD's names the chunk's size)
+    body: bytes
+
+
+IndexedHandler = Callable[[str, str | None, str, str, bytes], IndexedAnswer | None]
+
+
 LookupCounter = Callable[[str, int, int], None]
 
 
@@ -142,6 +157,10 @@ class NativeAPI:
             "locate": self._locate,
             "list": self._list,
         }
+        # what the lookup lane (``gateway.api.lane``) may answer without an ASGI request cycle
+        self._indexed_chunk_handlers: dict[str, IndexedHandler] = {"HEAD": self._head_indexed}
+        self._indexed_post_handlers: dict[str, IndexedHandler] = {"exists": self._exists_indexed,
+                                                                   "prefix": self._prefix_indexed}
 
     @property
     def calls(self) -> frozenset[str]:
@@ -152,7 +171,7 @@ class NativeAPI:
         req = Request(scope, receive)
         state = ResponseState(send)
         try:
-            handler, bucket, key = self._route(req)
+            handler, bucket, key = _route(req.method, req.raw_path, self._chunk_handlers, self._post_handlers)
             await handler(req, state.send, bucket, key)
         except KvgwError as exc:
             await self._send_error(req, state, exc)
@@ -160,45 +179,52 @@ class NativeAPI:
             log.exception("unhandled error in %s %s (request %s)", req.method, req.raw_path, req.request_id)
             await self._send_error(req, state, InternalError())
 
-    def _route(self, req: Request) -> tuple[Handler, str, str]:
-        path = req.raw_path
-        if not path.startswith(BUCKETS_PREFIX):
-            raise NotFound()
-        bucket, sep, rest = path[len(BUCKETS_PREFIX) :].partition("/")
-        if not sep:
-            raise NotFound()
-        if rest.startswith("chunks/"):
-            handler = self._chunk_handlers.get(req.method)
-            if handler is None:
-                raise MethodNotAllowed()
-            try:
-                key = path_segment(rest[len("chunks/") :])
-                validate_key(key)
-            except (InvalidKeyError, ValueError) as exc:
-                raise InvalidKey(str(exc) if isinstance(exc, InvalidKeyError) else "key is not UTF-8") from None
-            return handler, bucket, key
-        post = self._post_handlers.get(rest)
-        if post is None:
-            raise NotFound()
-        if req.method != "POST":
-            raise MethodNotAllowed()
-        return post, bucket, ""
+    def answer_indexed(self, method: str, raw_path: str, authorization: str | None,
+                       body: bytes) -> IndexedAnswer | None:
+        """The answer to a HEAD, exists or prefix that the index and the in-memory views give in full,
+        computed without awaiting anything, for the lookup lane (``gateway.api.lane``).
+
+        None when the request needs anything more: any error, a credential or bucket the view does not
+        hold yet, a key the index does not hold alive (the tiers must be asked), a lease. Nothing was
+        counted or changed then, and the request must be answered by this API's ASGI path, the one
+        place that decides errors and misses. Never raises."""
+        try:
+            handler, bucket, key = _route(method, raw_path, self._indexed_chunk_handlers,
+                                          self._indexed_post_handlers)
+            return handler(new_request_id(), authorization, bucket, key, body)
+        except KvgwError:
+            return None
+
+    def takes_indexed(self, method: str, raw_path: str) -> bool:
+        """Whether ``answer_indexed`` could answer this request (its body not seen yet)."""
+        if not raw_path.startswith(BUCKETS_PREFIX):
+            return False
+        if method == "HEAD":
+            return "/chunks/" in raw_path
+        return method == "POST" and raw_path.rpartition("/")[2] in self._indexed_post_handlers
 
     # -- helpers -------------------------------------------------------------------------------
 
-    async def _authorized_bucket(self, req: Request, name: str, action: Action) -> Any:
+    async def _authorized_bucket(self, req: Request, name: str, action: Action) -> BucketPolicy:
         principal = await self.directory.authenticate(req.header("authorization"))
-        if not is_valid_bucket_name(name):
-            raise InvalidRequest(f"invalid bucket name {name!r}")
-        bucket = await self.service.bucket(name)
+        bucket = await self.service.bucket(_valid_bucket_name(name))
         self.directory.authorize(principal, bucket, action)
+        return bucket
+
+    def _authorized_bucket_in_view(self, authorization: str | None, name: str, action: Action) -> BucketPolicy | None:
+        """``_authorized_bucket`` from the directory's view as it is (None: the bucket is not in it);
+        a credential it does not hold raises, like a wrong one (the ASGI path re-reads the catalog)."""
+        principal = self.directory.authenticate_bearer(authorization)
+        bucket = self.directory.bucket_in_view(_valid_bucket_name(name))
+        if bucket is not None:
+            self.directory.authorize(principal, bucket, action)
         return bucket
 
     def _base_headers(self, req: Request) -> Headers:
         return [(b"x-kvgw-request-id", req.request_id.encode())]
 
-    def _chunk_headers(self, req: Request, info: ChunkInfo, tier: TierId | None = None) -> Headers:
-        headers = self._base_headers(req)
+    def _chunk_headers(self, request_id: str, info: ChunkInfo, tier: TierId | None = None) -> Headers:
+        headers: Headers = [(b"x-kvgw-request-id", request_id.encode())]
         headers += [
             (b"content-type", wire.CHUNK_CONTENT_TYPE.encode()),
             (b"etag", info.etag.encode()),
@@ -236,16 +262,7 @@ class NativeAPI:
 
     async def _lookup_body(self, req: Request, *, leasable: bool = True) -> tuple[list[str], int]:
         """``{"keys": [...]}``, and for lookups an optional ``"lease_ms"`` (0 when absent)."""
-        doc = await req.read_json(MAX_JSON_BYTES)
-        keys = doc.get("keys") if isinstance(doc, dict) else None
-        if not isinstance(keys, list) or not set(map(type, keys)) <= {str}:
-            raise InvalidRequest('body must be {"keys": [string, ...]}')
-        if len(keys) > MAX_KEYS_PER_CALL:
-            raise InvalidRequest(f"at most {MAX_KEYS_PER_CALL} keys per call")
-        lease_ms = doc.get("lease_ms", 0) if leasable else 0
-        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or not 0 <= lease_ms <= MAX_LEASE_MS:
-            raise InvalidRequest(f'"lease_ms" must be an integer from 0 to {MAX_LEASE_MS}')
-        return keys, lease_ms  # the service validates the keys while it digests them
+        return _lookup_doc(await req.read_body(MAX_JSON_BYTES), leasable=leasable)
 
     # -- chunk handlers ------------------------------------------------------------------------
 
@@ -292,17 +309,28 @@ class NativeAPI:
             self._lookups("head", 0, 1)
             raise
         self._lookups("head", 1, 0)
-        headers = self._chunk_headers(req, info)
+        headers = self._chunk_headers(req.request_id, info)
         headers.append((b"content-length", str(info.size).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
+
+    def _head_indexed(self, request_id: str, authorization: str | None, bucket_name: str, key: str,
+                      _: bytes) -> IndexedAnswer | None:
+        bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
+        info = None if bucket is None else self.service.lookup_indexed(bucket, key)
+        if info is None:
+            return None
+        self._lookups("head", 1, 0)
+        headers = self._chunk_headers(request_id, info)
+        headers.append((b"content-length", str(info.size).encode()))
+        return IndexedAnswer("head_chunk", headers, b"")
 
     async def _get(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         byte_range = parse_range(req.header("range"))
         body = await self.service.open(bucket, key, byte_range)
         try:
-            headers = self._chunk_headers(req, body.info, body.tier)
+            headers = self._chunk_headers(req.request_id, body.info, body.tier)
             await send_body(send, headers, body, range_of=None if byte_range is None else body.info.size)
         finally:
             await body.close()
@@ -340,6 +368,24 @@ class NativeAPI:
             answer["lease"] = grant.doc()
         self._lookups("prefix", length, int(length < len(keys)))  # the run stops at its first miss
         await self._send_json(req, send, {"length": length, **answer})
+
+    def _exists_indexed(self, request_id: str, authorization: str | None, bucket_name: str, _: str,
+                        body: bytes) -> IndexedAnswer | None:
+        bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
+        keys, lease_ms = _lookup_doc(body)
+        if bucket is None or lease_ms or not self.service.all_indexed(bucket, keys):
+            return None
+        self._lookups("exists", len(keys), 0)
+        return _json_answer("exists", request_id, {"exists": [True] * len(keys)})
+
+    def _prefix_indexed(self, request_id: str, authorization: str | None, bucket_name: str, _: str,
+                        body: bytes) -> IndexedAnswer | None:
+        bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
+        keys, lease_ms = _lookup_doc(body)
+        if bucket is None or lease_ms or not self.service.all_indexed(bucket, keys, prefix=True):
+            return None
+        self._lookups("prefix", len(keys), 0)
+        return _json_answer("prefix", request_id, {"length": len(keys)})
 
     async def _prefetch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Stage S3-held chunks into the filesystem tier ahead of reads; answers at once."""
@@ -438,6 +484,66 @@ class NativeAPI:
                 except (asyncio.CancelledError, Exception):
                     pass
         await send({"type": "http.response.body", "body": wire.encode_batch_trailer(len(keys))})
+
+
+H = TypeVar("H")
+
+
+def _route(method: str, raw_path: str, chunk_handlers: dict[str, H], post_handlers: dict[str, H]) -> tuple[H, str, str]:
+    """(handler, bucket, key) of a native request: ``chunk_handlers`` by method for
+    ``/v1/buckets/{bucket}/chunks/{key}`` (key decoded and validated), ``post_handlers`` by call for
+    ``POST /v1/buckets/{bucket}/{call}`` (key ""). NotFound, MethodNotAllowed or InvalidKey otherwise."""
+    if not raw_path.startswith(BUCKETS_PREFIX):
+        raise NotFound()
+    bucket, sep, rest = raw_path[len(BUCKETS_PREFIX) :].partition("/")
+    if not sep:
+        raise NotFound()
+    if rest.startswith("chunks/"):
+        handler = chunk_handlers.get(method)
+        if handler is None:
+            raise MethodNotAllowed()
+        try:
+            key = path_segment(rest[len("chunks/") :])
+            validate_key(key)
+        except (InvalidKeyError, ValueError) as exc:
+            raise InvalidKey(str(exc) if isinstance(exc, InvalidKeyError) else "key is not UTF-8") from None
+        return handler, bucket, key
+    post = post_handlers.get(rest)
+    if post is None:
+        raise NotFound()
+    if method != "POST":
+        raise MethodNotAllowed()
+    return post, bucket, ""
+
+
+def _valid_bucket_name(name: str) -> str:
+    if not is_valid_bucket_name(name):
+        raise InvalidRequest(f"invalid bucket name {name!r}")
+    return name
+
+
+def _lookup_doc(raw: bytes, *, leasable: bool = True) -> tuple[list[str], int]:
+    """The keys of a batch call's body ``{"keys": [...]}``, and for lookups its optional ``"lease_ms"``
+    (0 when absent); InvalidRequest when the body is not that."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest("request body is not valid JSON") from exc
+    keys = doc.get("keys") if isinstance(doc, dict) else None
+    if not isinstance(keys, list) or not set(map(type, keys)) <= {str}:
+        raise InvalidRequest('body must be {"keys": [string, ...]}')
+    if len(keys) > MAX_KEYS_PER_CALL:
+        raise InvalidRequest(f"at most {MAX_KEYS_PER_CALL} keys per call")
+    lease_ms = doc.get("lease_ms", 0) if leasable else 0
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or not 0 <= lease_ms <= MAX_LEASE_MS:
+        raise InvalidRequest(f'"lease_ms" must be an integer from 0 to {MAX_LEASE_MS}')
+    return keys, lease_ms  # the service validates the keys while it digests them
+
+
+def _json_answer(op: str, request_id: str, doc: Any) -> IndexedAnswer:
+    body = json_body(doc)
+    return IndexedAnswer(op, [(b"x-kvgw-request-id", request_id.encode()), (b"content-type", b"application/json"),
+                              (b"content-length", str(len(body)).encode())], body)
 
 
 def _location_doc(loc: ChunkLocation | None) -> dict[str, Any] | None:

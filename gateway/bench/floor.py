@@ -59,7 +59,8 @@ def serve_canned(port: int) -> None:
     """uvicorn with kvgw's protocol class and an ASGI app answering ``lookup_answers()`` (HEAD: empty)."""
     import uvicorn
 
-    from gateway.api.connections import ConnectionLimits, protocol_class
+    from gateway.api.connections import ConnectionLimits
+    from gateway.api.lane import protocol_class
 
     answers = [(part.encode(), body) for part, body in lookup_answers().items()]
 

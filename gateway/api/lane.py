@@ -1,0 +1,163 @@
+"""The lookup lane: native HEAD, exists and prefix answered inside the HTTP protocol, with no ASGI
+request cycle, when the index alone gives the whole answer.
+
+Why: engines look up before every load, so a lookup's latency sits on time-to-first-token.
+``kvgw bench floor`` measured uvicorn's per-request machinery (a request cycle, its task, the ASGI
+scope and messages, the metrics wrapper) at ~16 µs of server CPU per call, and an app answering canned
+bytes through it at 1.22x the p50 of a raw-socket responder; answered from inside the protocol, the
+same canned answer matched the raw responder. BENCHMARKS.md ("kvgw bench floor") has the figures
+with the lane on and off.
+
+How: ``LaneHttpProtocol`` (the last subclass of uvicorn's httptools protocol here) recognises such a
+request when its head is complete (``NativeAPI.takes_indexed``), holds back uvicorn's request cycle and
+collects the small body itself. When the message is complete it asks ``NativeAPI.answer_indexed``: an
+answer is written at once, with uvicorn's default headers (date, server), and counted in the request
+metrics as the ASGI path counts. Anything else (an error, a key the index does not hold alive, a lease,
+a bucket or credential the view does not hold yet) is handed over: uvicorn's cycle starts then with the
+head and body as received, and the native API answers as it would have; the lane has changed nothing.
+
+Requests the lane leaves to uvicorn from their head on: anything but HTTP/1.1 keep-alive; ``Expect``;
+a query string; a body without ``Content-Length`` or larger than ``LANE_BODY_LIMIT`` (uvicorn's own
+read-ahead limit, so a connection holds no more than before); a request behind one still being answered
+(pipelined) or on a connection whose writes are paused (the ASGI path waits for the client to read);
+every request when uvicorn's access log is on (it logs from its request cycle).
+
+The header deadline (``gateway.api.connections``) covers a lane request until its body is complete.
+Everything here runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from gateway.api.connections import ConnectionLimits, GuardedHttpProtocol
+from gateway.api.native import NativeAPI
+from gateway.metrics import RequestMetrics
+
+log = logging.getLogger("kvgw.api")
+
+LANE_BODY_LIMIT = 64 * 1024  # uvicorn's HIGH_WATER_LIMIT: what it reads ahead of an app
+STATUS_LINE = b"HTTP/1.1 200 OK\r\n"
+
+
+class LookupLane:
+    """The native API's indexed answers as complete HTTP responses, counted in the request metrics."""
+
+    def __init__(self, native: NativeAPI, metrics: RequestMetrics,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._native = native
+        self._metrics = metrics
+        self.clock = clock
+
+    def takes(self, method: str, raw_path: str) -> bool:
+        return self._native.takes_indexed(method, raw_path)
+
+    def answer(self, method: str, raw_path: str, authorization: str | None, body: bytes,
+               default_headers: list[tuple[bytes, bytes]], started: float) -> bytes | None:
+        """The whole response, or None: the request must be handed to the ASGI app (nothing counted)."""
+        found = self._native.answer_indexed(method, raw_path, authorization, body)
+        if found is None:
+            return None
+        head = [STATUS_LINE]
+        for name, value in default_headers:
+            head += (name, b": ", value, b"\r\n")
+        for name, value in found.headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"\r\n")
+        self._metrics.answered("native", found.op, 200, self.clock() - started, len(body), len(found.body))
+        return b"".join(head) + found.body
+
+
+class LaneHttpProtocol(GuardedHttpProtocol):
+    """``uvicorn.run(http=protocol_class(limits, lane))``: the guarded protocol plus the lookup lane."""
+
+    lane: ClassVar[LookupLane | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lane_body: list[bytes] | None = None  # a lane request is being received
+        self._lane_authorization: str | None = None
+        self._lane_started = 0.0
+
+    def on_headers_complete(self) -> None:
+        if not self._lane_takes():
+            super().on_headers_complete()
+            return
+        self._lane_body = []
+        assert self.lane is not None
+        self._lane_started = self.lane.clock()
+        # uvicorn's cycle waits: ``_hand_over`` starts it if the lane cannot answer. The header
+        # deadline stays armed until the body is complete.
+
+    def _lane_takes(self) -> bool:
+        lane = self.lane
+        if (lane is None or self.access_log or self.pipeline or self.flow.write_paused or self.expect_100_continue
+                or (self.cycle is not None and not self.cycle.response_complete)):
+            return False
+        parser = self.parser
+        if parser.get_http_version() != "1.1" or not parser.should_keep_alive() or parser.should_upgrade():
+            return False
+        url: bytes = self.url
+        method = parser.get_method().decode("ascii")
+        if b"?" in url or not lane.takes(method, url.decode("latin-1")):
+            return False
+        authorization: str | None = None
+        length = -1
+        for name, value in self.headers:
+            if name == b"authorization":
+                if authorization is not None:
+                    return False  # repeated: the ASGI path joins them
+                authorization = value.decode("latin-1")
+            elif name == b"content-length":
+                if length >= 0 or not value.isdigit():
+                    return False
+                length = int(value)
+            elif name == b"transfer-encoding":
+                return False
+        if length > (LANE_BODY_LIMIT if method == "POST" else 0):
+            return False
+        self._lane_authorization = authorization
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        if self._lane_body is None:
+            super().on_body(body)
+        else:
+            self._lane_body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._lane_body is None:
+            super().on_message_complete()
+            return
+        body = b"".join(self._lane_body)
+        self._lane_body = None
+        self._disarm_header_timer()
+        assert self.lane is not None
+        try:
+            response = self.lane.answer(self.parser.get_method().decode("ascii"), self.url.decode("latin-1"),
+                                        self._lane_authorization, body, self.server_state.default_headers,
+                                        self._lane_started)
+        except Exception:
+            log.exception("the lookup lane failed; the request goes to the ASGI app")
+            response = None
+        if response is None:
+            self._hand_over(body)
+            return
+        self.transport.write(response)
+        self.on_response_complete()
+
+    def _hand_over(self, body: bytes) -> None:
+        """Start uvicorn's request cycle for the request just received, as if the lane were not here."""
+        super().on_headers_complete()
+        if body:
+            super().on_body(body)
+        super().on_message_complete()
+
+
+def protocol_class(limits: ConnectionLimits, lane: LookupLane | None = None) -> type[LaneHttpProtocol]:
+    """The protocol class for one server, with its limits and lane (uvicorn instantiates it per
+    connection); without a lane every request goes through uvicorn's request cycle."""
+    return type("KvgwHttpProtocol", (LaneHttpProtocol,), {"limits": limits, "lane": lane})

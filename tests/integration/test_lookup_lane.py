@@ -1,0 +1,341 @@
+"""The lookup lane (``gateway.api.lane``): index-only HEAD / exists / prefix answered inside the HTTP
+protocol, everything else handed to the ASGI app unchanged.
+
+A real gateway (real LMDB, real directories) is served by uvicorn on a real socket, in a thread of
+this process, so the tests can see which requests reached the ASGI app: the lane's answers must not,
+and every other request must, with the answer the ASGI path gives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+import uvicorn
+
+from gateway.api.connections import ConnectionLimits
+from gateway.api.http import Receive, Scope, Send
+from gateway.api.lane import LANE_BODY_LIMIT, LaneHttpProtocol, protocol_class
+from gateway.app import GatewayApp, create_app
+from gateway.config import Settings
+from tests.conftest import ROOT_AK, ROOT_SK, wait_for
+
+AUTH = f"Bearer {ROOT_AK}:{ROOT_SK}"
+KEYS = [f"lane-{i:03d}" for i in range(8)]
+
+
+class CountingApp:
+    """The gateway's ASGI app, recording each HTTP request that reaches it."""
+
+    def __init__(self, app: GatewayApp) -> None:
+        self.app = app
+        self.seen: list[tuple[str, str]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            self.seen.append((scope["method"], scope["path"]))
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class LaneServer:
+    port: int
+    app: CountingApp
+    protocol: type[LaneHttpProtocol]
+    server: uvicorn.Server
+    thread: threading.Thread = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def calls(self) -> list[tuple[str, str]]:
+        """The requests the ASGI app saw since the last call (minus the metrics scrapes)."""
+        seen, self.app.seen[:] = list(self.app.seen), []
+        return [call for call in seen if call[1] != "/metrics"]
+
+
+@pytest.fixture
+def lane(tmp_path: Path) -> Iterator[LaneServer]:
+    settings = Settings(data_dir=tmp_path / "data", root_access_key=ROOT_AK, root_secret_key=ROOT_SK)  # type: ignore[arg-type]
+    gateway_app = create_app(settings)
+    app = CountingApp(gateway_app)
+    protocol = protocol_class(ConnectionLimits(header_timeout=1.0), gateway_app.lane)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(app, loop="asyncio", http=protocol, lifespan="on",
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    running = LaneServer(sock.getsockname()[1], app, protocol, server, thread)
+    try:
+        wait_for(lambda: server.started, "the in-process gateway to start")
+        with httpx.Client(base_url=running.url, headers={"Authorization": AUTH}) as client:
+            for key in KEYS:
+                assert client.put(chunk_path(key), content=key.encode() * 100).status_code == 201
+        running.calls()
+        yield running
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def chunk_path(key: str) -> str:
+    return f"/v1/buckets/kvcache/chunks/{quote(key, safe='')}"
+
+
+def keys_body(keys: list[str], **extra: Any) -> bytes:
+    return json.dumps({"keys": keys, **extra}).encode()
+
+
+def request(method: str, path: str, body: bytes = b"", *, auth: str | None = AUTH, extra: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: kvgw\r\n".encode()
+    if auth is not None:
+        head += f"Authorization: {auth}\r\n".encode()
+    if method == "POST":
+        head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+    return head + extra + b"\r\n" + body
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Connection:
+    """One keep-alive connection, answers read one by one (HEAD answers have no body)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> None:
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("closed by the server")
+        self.buffer += data
+
+    def reply(self, *, head_request: bool = False) -> Reply:
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill()
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = [(k.lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines)]
+        status = int(status_line.split()[1])
+        length = 0 if head_request or status < 200 else int(next(v for k, v in headers if k == "content-length"))
+        while len(self.buffer) < length:
+            self._fill()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return Reply(status, headers, body)
+
+    def closed(self) -> bool:
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionResetError, TimeoutError):
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def exchange(server: LaneServer, data: bytes, *, head_request: bool = False) -> Reply:
+    conn = Connection(server.port)
+    try:
+        conn.send(data)
+        return conn.reply(head_request=head_request)
+    finally:
+        conn.close()
+
+
+def normalized(reply: Reply) -> tuple[int, list[tuple[str, str]], bytes]:
+    """A reply with its request id and date blanked, for comparing two answers to the same request."""
+    request_id = reply.header("x-kvgw-request-id") or ""
+    headers = [(k, "<id>" if k == "x-kvgw-request-id" else "<date>" if k == "date" else v) for k, v in reply.headers]
+    return reply.status, headers, reply.body.replace(request_id.encode(), b"<id>")
+
+
+# -- answered by the lane ------------------------------------------------------------------------
+
+
+def test_indexed_lookups_are_answered_without_the_asgi_app(lane: LaneServer) -> None:
+    exists = exchange(lane, request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)))
+    prefix = exchange(lane, request("POST", "/v1/buckets/kvcache/prefix", keys_body(KEYS[:5])))
+    head = exchange(lane, request("HEAD", chunk_path(KEYS[2])), head_request=True)
+    empty = exchange(lane, request("POST", "/v1/buckets/kvcache/exists", keys_body([])))
+
+    assert (exists.status, exists.json()) == (200, {"exists": [True] * len(KEYS)})
+    assert (prefix.status, prefix.json()) == (200, {"length": 5})
+    assert (empty.status, empty.json()) == (200, {"exists": []})
+    assert head.status == 200 and head.header("content-length") == str(len(KEYS[2]) * 100)
+    assert lane.calls() == []
+
+
+def test_lane_answers_equal_the_asgi_apps_byte_for_byte(lane: LaneServer) -> None:
+    requests = [(request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)), False),
+                (request("POST", "/v1/buckets/kvcache/prefix", keys_body(KEYS)), False),
+                (request("HEAD", chunk_path(KEYS[0])), True)]
+    by_lane = [normalized(exchange(lane, raw, head_request=head)) for raw, head in requests]
+    assert lane.calls() == []
+    lane.protocol.lane = None  # every request through uvicorn's cycle and the ASGI app
+    by_app = [normalized(exchange(lane, raw, head_request=head)) for raw, head in requests]
+    assert len(lane.calls()) == len(requests)
+    assert by_lane == by_app
+
+
+def test_lane_answers_are_counted_in_the_request_metrics(lane: LaneServer) -> None:
+    for _ in range(3):
+        exchange(lane, request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)))
+    exchange(lane, request("HEAD", chunk_path(KEYS[0])), head_request=True)
+    assert lane.calls() == []
+    metrics = httpx.get(f"{lane.url}/metrics", headers={"Authorization": AUTH}).text
+
+    def value(pattern: str) -> float:
+        match = re.search(pattern + r" (\S+)", metrics)
+        assert match, pattern
+        return float(match.group(1))
+
+    assert value(r'kvgw_requests_total\{api="native",op="exists",status="200"\}') == 3
+    assert value(r'kvgw_requests_total\{api="native",op="head_chunk",status="200"\}') == 1
+    assert value(r'kvgw_request_seconds_count\{api="native",op="exists"\}') == 3
+    assert value(r'kvgw_lookup_keys_total\{op="exists",result="hit"\}') == 3 * len(KEYS)
+    assert value(r'kvgw_lookup_keys_total\{op="head",result="hit"\}') == 1
+
+
+# -- handed over ---------------------------------------------------------------------------------
+
+
+EXISTS = "/v1/buckets/kvcache/exists"
+PREFIX = "/v1/buckets/kvcache/prefix"
+
+HANDED_OVER: dict[str, tuple[bytes, int, Any]] = {
+    # what the lane cannot answer from the index: the ASGI path answers, as documented
+    "exists with a miss": (request("POST", EXISTS, keys_body([KEYS[0], "absent"])), 200,
+                           {"exists": [True, False]}),
+    "prefix with a miss": (request("POST", PREFIX, keys_body([KEYS[0], "absent", KEYS[1]])), 200, {"length": 1}),
+    "HEAD of an absent key": (request("HEAD", chunk_path("absent")), 404, None),
+    "a lease asked for": (request("POST", EXISTS, keys_body(KEYS[:2], lease_ms=1000)), 200, None),
+    "not JSON": (request("POST", EXISTS, b"{nope"), 400, "InvalidRequest"),
+    "not a keys document": (request("POST", PREFIX, b'{"keys": [1]}'), 400, "InvalidRequest"),
+    "wrong credentials": (request("POST", EXISTS, keys_body(KEYS), auth=f"Bearer {ROOT_AK}:wrong"), 401,
+                          "Unauthorized"),
+    "no credentials": (request("POST", EXISTS, keys_body(KEYS), auth=None), 401, "Unauthorized"),
+    "an unknown bucket": (request("POST", "/v1/buckets/nosuch/exists", keys_body(KEYS)), 404, "NoSuchBucket"),
+    "an invalid bucket name": (request("POST", "/v1/buckets/No_Such/exists", keys_body(KEYS)), 400,
+                               "InvalidRequest"),
+    # what the lane leaves to uvicorn from the request head on
+    "a query string": (request("POST", EXISTS + "?x=1", keys_body(KEYS)), 200, {"exists": [True] * len(KEYS)}),
+    "a chunked body": (
+        b"POST " + EXISTS.encode() + b" HTTP/1.1\r\nHost: kvgw\r\nAuthorization: " + AUTH.encode()
+        + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(keys_body(KEYS)), keys_body(KEYS)),
+        200, {"exists": [True] * len(KEYS)}),
+    "a body larger than the lane's limit": (
+        request("POST", EXISTS, keys_body(KEYS + ["k" * 1000] * (LANE_BODY_LIMIT // 1000))), 200, None),
+    "Expect: 100-continue": (request("POST", PREFIX, keys_body(KEYS), extra=b"Expect: 100-continue\r\n"), 200,
+                             {"length": len(KEYS)}),
+    "repeated Authorization": (request("POST", PREFIX, keys_body(KEYS), extra=f"Authorization: {AUTH}\r\n".encode()),
+                               401, "Unauthorized"),
+}
+
+
+@pytest.mark.parametrize("case", list(HANDED_OVER))
+def test_what_the_lane_cannot_answer_reaches_the_asgi_app(lane: LaneServer, case: str) -> None:
+    raw, status, expected = HANDED_OVER[case]
+    head = raw.startswith(b"HEAD ")
+    conn = Connection(lane.port)
+    try:
+        conn.send(raw)
+        reply = conn.reply(head_request=head)
+        if reply.status == 100:
+            reply = conn.reply()
+    finally:
+        conn.close()
+    assert reply.status == status
+    assert len(lane.calls()) == 1
+    if isinstance(expected, str):
+        assert reply.json()["error"]["code"] == expected
+        assert reply.json()["error"]["request_id"] == reply.header("x-kvgw-request-id")
+    elif expected is not None:
+        assert reply.json() == expected
+    if case == "a lease asked for":
+        assert reply.json()["exists"] == [True, True] and "lease" in reply.json()
+
+
+def test_connection_close_and_http_1_0_go_through_uvicorn(lane: LaneServer) -> None:
+    closing = request("POST", EXISTS, keys_body(KEYS), extra=b"Connection: close\r\n")
+    old = request("POST", EXISTS, keys_body(KEYS)).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+    for raw in (closing, old):
+        conn = Connection(lane.port)
+        try:
+            conn.send(raw)
+            reply = conn.reply()
+            assert reply.json() == {"exists": [True] * len(KEYS)}
+            assert conn.closed()
+        finally:
+            conn.close()
+    assert len(lane.calls()) == 2
+
+
+def test_pipelined_requests_are_answered_in_order_whichever_path_answers(lane: LaneServer) -> None:
+    conn = Connection(lane.port)
+    try:
+        conn.send(request("POST", EXISTS, keys_body(KEYS))                    # lane
+                  + request("GET", chunk_path(KEYS[1]))                         # ASGI
+                  + request("POST", PREFIX, keys_body(KEYS[:3]))                # behind a running cycle: ASGI
+                  + request("POST", EXISTS, keys_body(["absent", KEYS[0]]))     # handed over
+                  + request("HEAD", chunk_path(KEYS[3])))                       # lane or ASGI
+        assert conn.reply().json() == {"exists": [True] * len(KEYS)}
+        assert conn.reply().body == KEYS[1].encode() * 100
+        assert conn.reply().json() == {"length": 3}
+        assert conn.reply().json() == {"exists": [False, True]}
+        assert conn.reply(head_request=True).header("content-length") == str(len(KEYS[3]) * 100)
+        # and the connection still serves the lane afterwards
+        conn.send(request("POST", PREFIX, keys_body(KEYS)))
+        assert conn.reply().json() == {"length": len(KEYS)}
+    finally:
+        conn.close()
+    seen = lane.calls()
+    assert ("GET", chunk_path(KEYS[1])) in seen and ("POST", EXISTS) in seen
+    assert seen.count(("POST", EXISTS)) == 1  # the all-present exists never reached the app
+
+
+def test_a_stalled_lane_body_gets_408_and_is_closed(lane: LaneServer) -> None:
+    raw = request("POST", EXISTS, keys_body(KEYS))
+    conn = Connection(lane.port)
+    try:
+        conn.send(raw[:-5])  # the head and most of the body; the rest never comes
+        reply = conn.reply()
+        assert reply.status == 408 and reply.json()["error"]["code"] == "RequestTimeout"
+        assert conn.closed()
+    finally:
+        conn.close()
+    assert lane.calls() == []
+
+
+def test_a_chunk_deleted_through_the_api_is_absent_on_the_lane_at_once(lane: LaneServer) -> None:
+    with httpx.Client(base_url=lane.url, headers={"Authorization": AUTH}) as client:
+        assert client.delete(chunk_path(KEYS[4])).status_code == 204
+        assert client.head(chunk_path(KEYS[4])).status_code == 404
+        assert client.post(EXISTS, content=keys_body(KEYS[3:6])).json() == {"exists": [True, False, True]}
+        assert client.post(PREFIX, content=keys_body(KEYS)).json() == {"length": 4}
