@@ -9,11 +9,14 @@ round:
 - ``uvicorn + canned ASGI``: kvgw's own uvicorn protocol (``gateway.api.connections``: httptools,
   one write per small answer, the connection guards) running an ASGI app that reads the body and
   sends the same canned answer: what uvicorn's per-request machinery costs above the socket;
-- ``kvgw``: the real gateway (the chunks present): what kvgw's own work costs above that.
+- ``kvgw``: the real gateway (the chunks present): what kvgw's own work costs above that; its
+  lookups are answered by the lookup lane (``gateway.api.lane``), inside the protocol;
+- ``kvgw, lane off``: the same gateway with ``KVGW_LOOKUP_LANE=false``, every call through uvicorn's
+  request cycle and the ASGI app: what the lane saves, in the same rounds.
 
-Then the gateway's ASGI app is driven in this process with no socket at all (uvloop, a bucket of the
-same chunks): the microseconds of Python each call costs by itself. The differences say which layer a
-microsecond belongs to; the report prints them. Medians of ``--rounds`` rounds.
+Then the gateway's ASGI app, and its lookup lane's answer, are driven in this process with no socket
+at all (uvloop, a bucket of the same chunks): the microseconds of Python each call costs by itself.
+The differences say which layer a microsecond belongs to; the report prints them. Medians of ``--rounds`` rounds.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from gateway.bench.procstat import total_cpu_seconds
 RAW = "raw-socket responder"
 CANNED = "uvicorn + canned ASGI"
 KVGW = "kvgw"
+KVGW_NO_LANE = "kvgw, lane off"
 EXISTS = f"exists {META_KEYS} keys"
 HEAD = "HEAD"
 
@@ -118,16 +122,19 @@ def requests() -> dict[str, LoadRequest]:
 
 def over_the_socket(workdir: Path, rounds: int, duration: float) -> dict[tuple[str, str], list[Round]]:
     kvgw = kvgw_server(workdir / "kvgw-data").start()
+    no_lane = kvgw_server(workdir / "kvgw-no-lane-data", env={"KVGW_LOOKUP_LANE": "false"}).start()
     raw = RawResponder(workdir, lookup_answers()).start()
     canned = CannedAsgi(workdir).start()
     try:
-        for key in lookup_keys():
-            status, answer = request_once(kvgw.address, LoadRequest("PUT", chunk_target(key),
-                                                                    body=b"f" * META_CHUNK_BYTES, expect=(200, 201)))
-            if status not in (200, 201):
-                raise RuntimeError(f"preload PUT {key}: {status} {answer[:200]!r}")
+        for gateway in (kvgw, no_lane):
+            for key in lookup_keys():
+                status, answer = request_once(gateway.address, LoadRequest(
+                    "PUT", chunk_target(key), body=b"f" * META_CHUNK_BYTES, expect=(200, 201)))
+                if status not in (200, 201):
+                    raise RuntimeError(f"preload PUT {key}: {status} {answer[:200]!r}")
         servers: list[tuple[str, Address, list[int]]] = [
-            (RAW, raw.address, raw.pids()), (CANNED, canned.address, canned.pids()), (KVGW, kvgw.address, kvgw.pids())]
+            (RAW, raw.address, raw.pids()), (CANNED, canned.address, canned.pids()), (KVGW, kvgw.address, kvgw.pids()),
+            (KVGW_NO_LANE, no_lane.address, no_lane.pids())]
         out: dict[tuple[str, str], list[Round]] = {}
         for rnd in range(rounds):
             for name, address, pids in servers if rnd % 2 == 0 else servers[::-1]:
@@ -138,13 +145,15 @@ def over_the_socket(workdir: Path, rounds: int, duration: float) -> dict[tuple[s
     finally:
         for server in (canned, raw):
             server.stop()
+        no_lane.stop()
         kvgw.stop()
 
 
 # -- in process ----------------------------------------------------------------------------------------
 
 def in_process(workdir: Path, calls: int) -> dict[str, float]:
-    """Microseconds per call of the gateway's ASGI app driven directly (uvloop, no socket)."""
+    """Microseconds per call of the gateway's ASGI app driven directly (uvloop, no socket), and of its
+    lookup lane's answer (``<op> lane``)."""
     import uvloop
 
     return uvloop.run(_in_process(workdir, calls))
@@ -193,6 +202,11 @@ async def _in_process(workdir: Path, calls: int) -> dict[str, float]:
             for _ in range(calls):
                 await call(request.method, request.target, body)
             out[op] = (time.perf_counter() - started_at) / calls * 1e6
+            assert app.lane is not None and app.lane.answer(request.method, request.target, None, body, [], 0.0)
+            started_at = time.perf_counter()
+            for _ in range(calls):
+                app.lane.answer(request.method, request.target, None, body, [], 0.0)
+            out[f"{op} lane"] = (time.perf_counter() - started_at) / calls * 1e6
         return out
     finally:
         startup.put_nowait({"type": "lifespan.shutdown"})
@@ -207,16 +221,19 @@ def report(socket_rounds: dict[tuple[str, str], list[Round]], inproc: dict[str, 
 
     lines = ["", f"{'target':24} {'call':16} {'p50 µs':>8} {'server CPU µs/call':>19}"]
     for op in (EXISTS, HEAD):
-        for name in (RAW, CANNED, KVGW):
+        for name in (RAW, CANNED, KVGW, KVGW_NO_LANE):
             lines.append(f"{name:24} {op:16} {med(name, op, 'p50_us'):8.0f} {med(name, op, 'cpu_us'):19.1f}")
     lines.append("")
     for op in (EXISTS, HEAD):
-        raw_cpu, canned_cpu, kvgw_cpu = (med(n, op, "cpu_us") for n in (RAW, CANNED, KVGW))
+        raw_cpu, canned_cpu, kvgw_cpu, no_lane_cpu = (med(n, op, "cpu_us") for n in (RAW, CANNED, KVGW, KVGW_NO_LANE))
+        raw_p50 = med(RAW, op, "p50_us")
         lines.append(f"{op}: server CPU per call: socket {raw_cpu:.1f} µs, uvicorn's machinery "
-                     f"+{canned_cpu - raw_cpu:.1f}, kvgw's own work +{kvgw_cpu - canned_cpu:.1f} "
-                     f"(its ASGI app alone, in process: {inproc[op]:.1f}); p50 kvgw / raw "
-                     f"{med(KVGW, op, 'p50_us') / med(RAW, op, 'p50_us'):.2f}x, canned ASGI / raw "
-                     f"{med(CANNED, op, 'p50_us') / med(RAW, op, 'p50_us'):.2f}x")
+                     f"+{canned_cpu - raw_cpu:.1f}, kvgw's own work (lane off) +{no_lane_cpu - canned_cpu:.1f} "
+                     f"(in process: its ASGI app {inproc[op]:.1f}, its lane {inproc[op + ' lane']:.1f}); "
+                     f"the lane saves {no_lane_cpu - kvgw_cpu:.1f}; "
+                     f"p50 kvgw / raw {med(KVGW, op, 'p50_us') / raw_p50:.2f}x "
+                     f"(lane off {med(KVGW_NO_LANE, op, 'p50_us') / raw_p50:.2f}x), canned ASGI / raw "
+                     f"{med(CANNED, op, 'p50_us') / raw_p50:.2f}x")
     return "\n".join(lines)
 
 

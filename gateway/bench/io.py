@@ -96,11 +96,13 @@ OPS = ("put", "get", "small", "batch")  # --ops: PUT cells, GET cells + memory p
 
 # -- the gateway under test ------------------------------------------------------------------------
 
-def kvgw_server(data_dir: Path, *, fsync: bool = True) -> KvgwProcess:
-    """``kvgw serve`` on its defaults (the caller's KVGW_* settings are not passed on), anonymous with
-    delete rights (``--anonymous-admin``: the PUT cells delete what they wrote; loopback only)."""
+def kvgw_server(data_dir: Path, *, fsync: bool = True, env: dict[str, str] | None = None) -> KvgwProcess:
+    """``kvgw serve`` on its defaults (the caller's KVGW_* settings are not passed on; ``env`` sets
+    some), anonymous with delete rights (``--anonymous-admin``: the PUT cells delete what they wrote;
+    loopback only)."""
     return KvgwProcess(data_dir, extra_args=["--anonymous-admin", *([] if fsync else ["--no-fsync"])],
-                       inherit_kvgw_env=False, log_path=data_dir.parent / f"{data_dir.name}.log")
+                       env=dict(env or {}), inherit_kvgw_env=False,
+                       log_path=data_dir.parent / f"{data_dir.name}.log")
 
 
 def chunk_target(key: str) -> str:

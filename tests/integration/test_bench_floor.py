@@ -1,6 +1,6 @@
 """``kvgw bench floor`` runs end to end: the three servers answer the same calls without an error (a
 non-200 answer raises), the in-process phase drives the real gateway app, and the report splits the
-server CPU per call into its layers."""
+server CPU per call into its layers, with the lookup lane on and off."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from gateway.bench import floor
 def test_floor_reports_every_layer(capsys: pytest.CaptureFixture[str]) -> None:
     assert floor.main(["--rounds", "1", "--duration", "0.3", "--calls", "200"]) == 0
     out = capsys.readouterr().out
-    for name in (floor.RAW, floor.CANNED, floor.KVGW):
+    for name in (floor.RAW, floor.CANNED, floor.KVGW, floor.KVGW_NO_LANE):
         for op in (floor.EXISTS, floor.HEAD):
             row = re.search(rf"^{re.escape(name)}\s+{re.escape(op)}\s+(\d+)\s+([\d.]+)$", out, re.MULTILINE)
             assert row is not None, out
             assert int(row[1]) > 0 and float(row[2]) > 0  # a p50 and a server CPU per call were measured
     for op in (floor.EXISTS, floor.HEAD):
-        line = re.search(rf"^{re.escape(op)}: server CPU per call: socket ([\d.]+) µs, .*in process: ([\d.]+)\)",
-                         out, re.MULTILINE)
-        assert line is not None and float(line[1]) > 0 and float(line[2]) > 0, out
+        line = re.search(rf"^{re.escape(op)}: server CPU per call: socket ([\d.]+) µs, .*in process: its ASGI app "
+                         rf"([\d.]+), its lane ([\d.]+)\)", out, re.MULTILINE)
+        assert line is not None and float(line[1]) > 0 and float(line[2]) > 0 and float(line[3]) > 0, out
