@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 from typing import Any
+from urllib.parse import unquote
 
 from fastapi import FastAPI, HTTPException
 from fastapi import Request as ControlRequest  # gateway.api.http.Request is the data plane's
@@ -20,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.api.http import Receive, Scope, Send, new_request_id
+from gateway.api.http import IndexedAnswer, RawHeaders, Receive, Scope, Send, new_request_id
 from gateway.api.lane import LookupLane
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
@@ -121,8 +122,6 @@ class GatewayApp:
         native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
                            lookups=self.metrics.count_lookup)
         calls = native.calls
-        # answers index-only lookups inside the HTTP protocol (gateway.api.lane; serve.run_worker installs it)
-        self.lane = LookupLane(native, self.metrics) if settings.lookup_lane else None
         self.native = self.metrics.wrap("native", native,
                                         lambda scope: native_op(scope["method"], scope["path"], calls))
         self.control = self.metrics.wrap("control", build_control_plane(gateway, self.registry),
@@ -135,14 +134,46 @@ class GatewayApp:
             settings,
         )
         self.s3 = self.metrics.wrap("s3", self.s3_api, lambda scope: str(scope.get("kvgw.op", "unknown")))
+        self._native_api = native
+        # answers index-only lookups inside the HTTP protocol (gateway.api.lane; serve.run_worker installs it)
+        self.lane = LookupLane(self, self.metrics) if settings.lookup_lane else None
+
+    @staticmethod
+    def api_of(path: str) -> str:
+        """Which API serves a request for ``path`` (decoded): "native", "control" or "s3"."""
+        if path.startswith(BUCKETS_PREFIX):
+            return "native"
+        if path.startswith(CONTROL_PREFIX) or path in CONTROL_PATHS:
+            return "control"
+        return "s3"
+
+    def takes_indexed(self, method: str, raw_path: str) -> bool:
+        """Whether ``answer_indexed`` could answer this request (its body not seen yet)."""
+        api = self.api_of(unquote(raw_path) if "%" in raw_path else raw_path)
+        if api == "native":
+            return self._native_api.takes_indexed(method, raw_path)
+        return api == "s3" and method == "HEAD"
+
+    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders,
+                       body: bytes) -> tuple[str, IndexedAnswer] | None:
+        """(API, answer) for a lookup its API answers without awaiting anything (native HEAD, exists
+        and prefix; S3 HeadObject), or None: the request must go to ``__call__``. Never raises."""
+        api = self.api_of(unquote(raw_path) if "%" in raw_path else raw_path)
+        if api == "native":
+            found = self._native_api.answer_indexed(method, raw_path, headers, body)
+        elif api == "s3" and not body:
+            found = self.s3_api.answer_indexed(method, raw_path, headers)
+        else:
+            return None
+        return None if found is None else (api, found)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            path = scope["path"]
-            if path.startswith(BUCKETS_PREFIX):
+            api = self.api_of(scope["path"])
+            if api == "native":
                 await self.native(scope, receive, send)
-            elif path.startswith(CONTROL_PREFIX) or path in CONTROL_PATHS:
+            elif api == "control":
                 await self.control(scope, receive, send)
             else:
                 await self.s3(scope, receive, send)

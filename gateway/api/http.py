@@ -14,7 +14,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from email.utils import formatdate
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 import orjson
@@ -28,6 +28,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
+RawHeaders = list[tuple[bytes, bytes]]  # a request's, as the ASGI scope holds them (names lowercased)
 
 _request_ids = itertools.count(1)
 _REQUEST_ID_PREFIX = os.urandom(4).hex()
@@ -45,6 +46,16 @@ def http_date(ts: float) -> str:
 @functools.lru_cache(maxsize=4096)
 def _http_date_of_second(second: int) -> str:
     return formatdate(second, usegmt=True)
+
+
+class IndexedAnswer(NamedTuple):
+    """A complete answer an API found without awaiting anything (``answer_indexed``: the lookup lane,
+    ``gateway.api.lane``)."""
+
+    op: str  # the operation's metrics name (``gateway.metrics``)
+    headers: Headers  # content-length included (a HEAD's names the object's size)
+    body: bytes
+    status: int = 200
 
 
 class Request:

@@ -1,20 +1,23 @@
-"""The lookup lane: native HEAD, exists and prefix answered inside the HTTP protocol, with no ASGI
-request cycle, when the index alone gives the whole answer.
+"""The lookup lane: HEAD, exists and prefix answered inside the HTTP protocol, with no ASGI request
+cycle, when the index alone gives the whole answer: the native API's HEAD, exists and prefix, and the
+S3 API's HeadObject (vLLM's object tier sends one per block).
 
 Why: engines look up before every load, so a lookup's latency sits on time-to-first-token.
 ``kvgw bench floor`` measured uvicorn's per-request machinery (a request cycle, its task, the ASGI
-scope and messages, the metrics wrapper) at ~16 µs of server CPU per call, and an app answering canned
-bytes through it at 1.22x the p50 of a raw-socket responder; answered from inside the protocol, the
-same canned answer matched the raw responder. BENCHMARKS.md ("kvgw bench floor") has the figures
-with the lane on and off.
+scope and messages, the metrics wrapper) at ~16-34 µs of server CPU per call, and an app answering
+canned bytes through it at 1.22-1.37x the p50 of a raw-socket responder; answered from inside the
+protocol, the same canned answer matched the raw responder. BENCHMARKS.md ("kvgw bench floor") has
+the figures with the lane on and off.
 
 How: ``LaneHttpProtocol`` (the last subclass of uvicorn's httptools protocol here) recognises such a
-request when its head is complete (``NativeAPI.takes_indexed``), holds back uvicorn's request cycle and
-collects the small body itself. When the message is complete it asks ``NativeAPI.answer_indexed``: an
-answer is written at once, with uvicorn's default headers (date, server), and counted in the request
-metrics as the ASGI path counts. Anything else (an error, a key the index does not hold alive, a lease,
-a bucket or credential the view does not hold yet) is handed over: uvicorn's cycle starts then with the
-head and body as received, and the native API answers as it would have; the lane has changed nothing.
+request when its head is complete (``GatewayApp.takes_indexed``), holds back uvicorn's request cycle
+and collects the small body itself. When the message is complete it asks ``answer_indexed`` of the API
+the path belongs to: an answer is written at once, with uvicorn's default headers (date, server), and
+counted in the request metrics as the ASGI path counts. Anything else (an error, a key the index does
+not hold alive, a lease, a credential, bucket or S3 attributes the in-memory views do not hold yet) is
+handed over: uvicorn's cycle starts then with the head and body as received, and the API answers as it
+would have; the lane has changed nothing. Authentication is the APIs' own (S3's SigV4 is verified on
+the lane as on the ASGI path).
 
 Requests the lane leaves to uvicorn from their head on: anything but HTTP/1.1 keep-alive; ``Expect``;
 a query string; a body without ``Content-Length`` or larger than ``LANE_BODY_LIMIT`` (uvicorn's own
@@ -31,43 +34,53 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from gateway.api.connections import ConnectionLimits, GuardedHttpProtocol
-from gateway.api.native import NativeAPI
+from gateway.api.http import IndexedAnswer, RawHeaders
 from gateway.metrics import RequestMetrics
 
 log = logging.getLogger("kvgw.api")
 
 LANE_BODY_LIMIT = 64 * 1024  # uvicorn's HIGH_WATER_LIMIT: what it reads ahead of an app
-STATUS_LINE = b"HTTP/1.1 200 OK\r\n"
+STATUS_LINES = {200: b"HTTP/1.1 200 OK\r\n", 206: b"HTTP/1.1 206 Partial Content\r\n"}
+
+
+class Answering(Protocol):
+    """The gateway's APIs as the lane asks them (``gateway.app.GatewayApp``)."""
+
+    def takes_indexed(self, method: str, raw_path: str) -> bool: ...
+
+    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders,
+                       body: bytes) -> tuple[str, IndexedAnswer] | None: ...
 
 
 class LookupLane:
-    """The native API's indexed answers as complete HTTP responses, counted in the request metrics."""
+    """The APIs' indexed answers as complete HTTP responses, counted in the request metrics."""
 
-    def __init__(self, native: NativeAPI, metrics: RequestMetrics,
+    def __init__(self, apis: Answering, metrics: RequestMetrics,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self._native = native
+        self._apis = apis
         self._metrics = metrics
         self.clock = clock
 
     def takes(self, method: str, raw_path: str) -> bool:
-        return self._native.takes_indexed(method, raw_path)
+        return self._apis.takes_indexed(method, raw_path)
 
-    def answer(self, method: str, raw_path: str, authorization: str | None, body: bytes,
+    def answer(self, method: str, raw_path: str, headers: RawHeaders, body: bytes,
                default_headers: list[tuple[bytes, bytes]], started: float) -> bytes | None:
         """The whole response, or None: the request must be handed to the ASGI app (nothing counted)."""
-        found = self._native.answer_indexed(method, raw_path, authorization, body)
-        if found is None:
+        answered = self._apis.answer_indexed(method, raw_path, headers, body)
+        if answered is None or answered[1].status not in STATUS_LINES:
             return None
-        head = [STATUS_LINE]
+        api, found = answered
+        head = [STATUS_LINES[found.status]]
         for name, value in default_headers:
             head += (name, b": ", value, b"\r\n")
         for name, value in found.headers:
             head += (name, b": ", value, b"\r\n")
         head.append(b"\r\n")
-        self._metrics.answered("native", found.op, 200, self.clock() - started, len(body), len(found.body))
+        self._metrics.answered(api, found.op, found.status, self.clock() - started, len(body), len(found.body))
         return b"".join(head) + found.body
 
 
@@ -79,7 +92,6 @@ class LaneHttpProtocol(GuardedHttpProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lane_body: list[bytes] | None = None  # a lane request is being received
-        self._lane_authorization: str | None = None
         self._lane_started = 0.0
 
     def on_headers_complete(self) -> None:
@@ -104,23 +116,15 @@ class LaneHttpProtocol(GuardedHttpProtocol):
         method = parser.get_method().decode("ascii")
         if b"?" in url or not lane.takes(method, url.decode("latin-1")):
             return False
-        authorization: str | None = None
         length = -1
         for name, value in self.headers:
-            if name == b"authorization":
-                if authorization is not None:
-                    return False  # repeated: the ASGI path joins them
-                authorization = value.decode("latin-1")
-            elif name == b"content-length":
+            if name == b"content-length":
                 if length >= 0 or not value.isdigit():
                     return False
                 length = int(value)
             elif name == b"transfer-encoding":
                 return False
-        if length > (LANE_BODY_LIMIT if method == "POST" else 0):
-            return False
-        self._lane_authorization = authorization
-        return True
+        return length <= (LANE_BODY_LIMIT if method == "POST" else 0)
 
     def on_body(self, body: bytes) -> None:
         if self._lane_body is None:
@@ -138,8 +142,7 @@ class LaneHttpProtocol(GuardedHttpProtocol):
         assert self.lane is not None
         try:
             response = self.lane.answer(self.parser.get_method().decode("ascii"), self.url.decode("latin-1"),
-                                        self._lane_authorization, body, self.server_state.default_headers,
-                                        self._lane_started)
+                                        self.headers, body, self.server_state.default_headers, self._lane_started)
         except Exception:
             log.exception("the lookup lane failed; the request goes to the ASGI app")
             response = None

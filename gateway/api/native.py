@@ -30,7 +30,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -40,6 +40,8 @@ from gateway import errors
 from gateway.access import Action, Directory
 from gateway.api.http import (
     Headers,
+    IndexedAnswer,
+    RawHeaders,
     Receive,
     Request,
     ResponseState,
@@ -119,14 +121,6 @@ BUCKETS_PREFIX = "/v1/buckets/"
 Handler = Callable[[Request, Send, str, str], Awaitable[None]]
 
 
-class IndexedAnswer(NamedTuple):
-    """A complete answer found without awaiting anything (``NativeAPI.answer_indexed``)."""
-
-    op: str  # the operation's metrics name (``gateway.metrics.native_op``)
-    headers: Headers  # content-length included (a HEAD's names the chunk's size)
-    body: bytes
-
-
 IndexedHandler = Callable[[str, str | None, str, str, bytes], IndexedAnswer | None]
 
 
@@ -179,8 +173,7 @@ class NativeAPI:
             log.exception("unhandled error in %s %s (request %s)", req.method, req.raw_path, req.request_id)
             await self._send_error(req, state, InternalError())
 
-    def answer_indexed(self, method: str, raw_path: str, authorization: str | None,
-                       body: bytes) -> IndexedAnswer | None:
+    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders, body: bytes) -> IndexedAnswer | None:
         """The answer to a HEAD, exists or prefix that the index and the in-memory views give in full,
         computed without awaiting anything, for the lookup lane (``gateway.api.lane``).
 
@@ -188,6 +181,12 @@ class NativeAPI:
         hold yet, a key the index does not hold alive (the tiers must be asked), a lease. Nothing was
         counted or changed then, and the request must be answered by this API's ASGI path, the one
         place that decides errors and misses. Never raises."""
+        authorization: str | None = None
+        for name, value in headers:
+            if name == b"authorization":
+                if authorization is not None:
+                    return None  # repeated: the ASGI path joins them (and refuses the result)
+                authorization = value.decode("latin-1")
         try:
             handler, bucket, key = _route(method, raw_path, self._indexed_chunk_handlers,
                                           self._indexed_post_handlers)

@@ -1,4 +1,5 @@
-"""The lookup lane (``gateway.api.lane``): index-only HEAD / exists / prefix answered inside the HTTP
+"""The lookup lane (``gateway.api.lane``): index-only HEAD / exists / prefix (native) and HeadObject (S3)
+answered inside the HTTP
 protocol, everything else handed to the ASGI app unchanged.
 
 A real gateway (real LMDB, real directories) is served by uvicorn on a real socket, in a thread of
@@ -171,8 +172,9 @@ def exchange(server: LaneServer, data: bytes, *, head_request: bool = False) -> 
 
 def normalized(reply: Reply) -> tuple[int, list[tuple[str, str]], bytes]:
     """A reply with its request id and date blanked, for comparing two answers to the same request."""
-    request_id = reply.header("x-kvgw-request-id") or ""
-    headers = [(k, "<id>" if k == "x-kvgw-request-id" else "<date>" if k == "date" else v) for k, v in reply.headers]
+    request_id = reply.header("x-kvgw-request-id") or reply.header("x-amz-request-id") or ""
+    ids = ("x-kvgw-request-id", "x-amz-request-id", "x-amz-id-2")
+    headers = [(k, "<id>" if k in ids else "<date>" if k == "date" else v) for k, v in reply.headers]
     return reply.status, headers, reply.body.replace(request_id.encode(), b"<id>")
 
 
@@ -339,3 +341,58 @@ def test_a_chunk_deleted_through_the_api_is_absent_on_the_lane_at_once(lane: Lan
         assert client.head(chunk_path(KEYS[4])).status_code == 404
         assert client.post(EXISTS, content=keys_body(KEYS[3:6])).json() == {"exists": [True, False, True]}
         assert client.post(PREFIX, content=keys_body(KEYS)).json() == {"length": 4}
+
+
+# -- S3 HeadObject ---------------------------------------------------------------------------------
+
+
+def s3_head(server: LaneServer, key: str, *, secret: str = ROOT_SK, extra: dict[str, str] | None = None) -> bytes:
+    """A HeadObject signed with SigV4 as botocore signs it (header auth), path-style."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    host = f"127.0.0.1:{server.port}"
+    path = f"/kvcache/{quote(key, safe='/~')}"
+    signed = AWSRequest(method="HEAD", url=f"http://{host}{path}",
+                        headers={"x-amz-content-sha256": EMPTY_SHA256, **(extra or {})})
+    S3SigV4Auth(Credentials(ROOT_AK, secret), "s3", "us-east-1").add_auth(signed)
+    lines = "".join(f"{name}: {value}\r\n" for name, value in signed.headers.items())
+    return f"HEAD {path} HTTP/1.1\r\nHost: {host}\r\n{lines}\r\n".encode()
+
+
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def test_s3_head_object_is_answered_on_the_lane_once_its_attributes_are_known(lane: LaneServer) -> None:
+    first = exchange(lane, s3_head(lane, KEYS[5]), head_request=True)  # attributes not cached yet: ASGI
+    assert first.status == 200 and len(lane.calls()) == 1
+    second = exchange(lane, s3_head(lane, KEYS[5]), head_request=True)
+    assert lane.calls() == []
+    assert normalized(second) == normalized(first)
+    assert second.header("content-length") == str(len(KEYS[5]) * 100) and second.header("etag")
+    lane.protocol.lane = None
+    by_app = exchange(lane, s3_head(lane, KEYS[5]), head_request=True)
+    assert len(lane.calls()) == 1 and normalized(by_app) == normalized(second)
+
+
+def test_s3_head_answers_ranges_on_the_lane_and_leaves_errors_to_the_app(lane: LaneServer) -> None:
+    exchange(lane, s3_head(lane, KEYS[6]), head_request=True)  # caches the attributes
+    etag = exchange(lane, s3_head(lane, KEYS[6]), head_request=True).header("etag") or ""
+    lane.calls()
+    ranged = exchange(lane, s3_head(lane, KEYS[6], extra={"Range": "bytes=0-9"}), head_request=True)
+    assert (ranged.status, ranged.header("content-length"), ranged.header("content-range")) == (
+        206, "10", f"bytes 0-9/{len(KEYS[6]) * 100}")
+    assert lane.calls() == []
+    cases = {
+        "not modified": (s3_head(lane, KEYS[6], extra={"If-None-Match": etag}), 304),
+        "precondition": (s3_head(lane, KEYS[6], extra={"If-Match": '"nope"'}), 412),
+        "absent key": (s3_head(lane, "absent"), 404),
+        "wrong secret": (s3_head(lane, KEYS[6], secret="wrong"), 403),
+        "unsigned": (f"HEAD /kvcache/{KEYS[6]} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode(), 403),
+    }
+    for name, (raw, status) in cases.items():
+        reply = exchange(lane, raw, head_request=True)
+        assert reply.status == status, name
+        assert reply.header("x-amz-request-id"), name
+        assert len(lane.calls()) == 1, name

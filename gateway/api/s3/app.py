@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from gateway import errors
 from gateway.access import Directory, Principal
-from gateway.api.http import Receive, Request, ResponseState, Scope, Send
+from gateway.api.http import IndexedAnswer, Message, RawHeaders, Receive, Request, ResponseState, Scope, Send
 from gateway.api.s3 import auth as sigv4_auth
 from gateway.api.s3.auth import AuthResult
 from gateway.api.s3.buckets import BucketHandlers
@@ -39,6 +39,13 @@ from gateway.multipart import MultipartStore
 from gateway.service import ChunkService
 
 log = logging.getLogger("kvgw.s3")
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def _no_send(message: Message) -> None:
+    raise AssertionError("an indexed answer is returned, never sent")
 
 Handler = Callable[[Call], Awaitable[None]]
 
@@ -103,6 +110,7 @@ class S3API:
         self.clock = clock
         self.addressing = Addressing(settings.s3_api_base_domain, settings.s3_default_bucket)
         objects, bucket_ops, uploads = ObjectHandlers(self.gw), BucketHandlers(self.gw), UploadHandlers(self.gw)
+        self.objects = objects
         self.handlers: dict[str, Handler] = {
             "ListBuckets": bucket_ops.list_buckets,
             "CreateBucket": bucket_ops.create_bucket,
@@ -173,20 +181,52 @@ class S3API:
             log.exception("unhandled error in S3 %s %s (request %s)", req.method, req.raw_path, req.request_id)
             await self._send_error(req, state, S3Error("InternalError"))
 
+    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders) -> IndexedAnswer | None:
+        """A HeadObject's answer when the directory's view, the index and the attrs cache hold all it
+        needs, computed without awaiting anything, for the lookup lane (``gateway.api.lane``); the
+        signature is verified as always. None when the request needs anything more (any error, a query
+        string, a credential, bucket or chunk not in view): nothing was counted or changed then, and
+        ``__call__`` must answer it. Never raises."""
+        if method != "HEAD":
+            return None
+        req = Request({"method": method, "raw_path": raw_path.encode("latin-1"), "query_string": b"",
+                       "headers": headers}, _no_body)
+        try:
+            target = self.addressing.target(req.header("host"), req.raw_path)
+            if operation(method, target, {}, req.headers) != "HeadObject":
+                return None
+            claim = self._claim(req)
+            auth, principal = (None, self.directory.anonymous) if claim is None else self._verified(claim)
+            found = self.objects.head_indexed(Call(req, _no_send, target, {}, principal, auth))
+        except (S3Error, KvgwError):
+            return None
+        if found is None:
+            return None
+        status, answer_headers = found
+        return IndexedAnswer("HeadObject", answer_headers, b"", status)
+
     async def _authenticate(self, req: Request) -> tuple[AuthResult | None, Principal]:
-        headers = req.scope["headers"]
+        claim = self._claim(req)
+        if claim is None:
+            return None, self.directory.anonymous
+        await self.directory.knows(claim.access_key)  # created a moment ago: re-read the catalog first
+        return self._verified(claim)
+
+    def _claim(self, req: Request) -> sigv4_auth.SignedRequest | None:
+        """The request's SigV4 claim, parsed and its clock checked; None for an unsigned request."""
         signed = req.header("authorization") is not None or "X-Amz-" in req.query_string or \
             "AWSAccessKeyId=" in req.query_string
         if not signed:
-            return None, self.directory.anonymous
-        claim = sigv4_auth.parse_request(req.method, req.raw_path.encode("latin-1"), req.query_string, headers,
-                                         now=self.clock())
-        await self.directory.knows(claim.access_key)  # created a moment ago: re-read the catalog first
+            return None
+        return sigv4_auth.parse_request(req.method, req.raw_path.encode("latin-1"), req.query_string,
+                                        req.scope["headers"], now=self.clock())
+
+    def _verified(self, claim: sigv4_auth.SignedRequest) -> tuple[AuthResult, Principal]:
+        """The claim checked against the view's secret for its access key (InvalidAccessKeyId: none)."""
         secret = self.directory.secret_for(claim.access_key)
         if secret is None:
             raise InvalidAccessKeyId(AWSAccessKeyId=claim.access_key)
-        result = sigv4_auth.verify(claim, secret)
-        return result, self.directory.principal_for(claim.access_key)
+        return sigv4_auth.verify(claim, secret), self.directory.principal_for(claim.access_key)
 
     async def _send_error(self, req: Request, state: ResponseState, exc: S3Error) -> None:
         if state.started:

@@ -122,6 +122,13 @@ class S3Services:
         self.directory.authorize(call.principal, policy, action)
         return policy
 
+    def bucket_in_view(self, call: Call, action: Action) -> BucketPolicy | None:
+        """``bucket`` from the directory's view as it is (None: not in it; ``bucket`` re-reads)."""
+        policy = self.directory.bucket_in_view(call.bucket)
+        if policy is not None:
+            self.directory.authorize(call.principal, policy, action)
+        return policy
+
     async def chunk_attrs(self, info: ChunkInfo) -> dict[str, str]:
         attrs = self.attrs.get(info)
         if attrs is None:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
 
 from gateway.access import Action
-from gateway.api.http import http_date, parse_range, send_body
+from gateway.api.http import Headers, http_date, parse_range, send_body
 from gateway.api.s3 import xml
 from gateway.api.s3.checksums import ALGORITHMS
 from gateway.api.s3.common import DRAIN_LIMIT, Call, S3Services, as_bytes, body_payload, object_key, read_small_body
@@ -122,6 +122,13 @@ def check_read_conditions(call: Call, info: ChunkInfo) -> None:
             raise _not_modified(info)
 
 
+def _check_version(call: Call) -> None:
+    """A read's versionId may only name the one version there is ("null")."""
+    version = call.query.get("versionId")
+    if version is not None and version != "null":
+        raise S3Error("InvalidArgument", "Invalid version id specified", ArgumentName="versionId")
+
+
 def _not_modified(info: ChunkInfo) -> S3Error:
     return S3Error("NotModified", headers={"ETag": info.etag, "Last-Modified": http_date(info.created)})
 
@@ -215,9 +222,7 @@ class ObjectHandlers:
     async def _resolve(self, call: Call) -> ChunkInfo:
         key = object_key(call)
         bucket = await self.gw.bucket(call, Action.READ)
-        version = call.query.get("versionId")
-        if version is not None and version != "null":
-            raise S3Error("InvalidArgument", "Invalid version id specified", ArgumentName="versionId")
+        _check_version(call)
         info = await self.gw.service.lookup(bucket, key)
         if info is None:
             raise NoSuchChunk()
@@ -233,8 +238,8 @@ class ObjectHandlers:
                                                                               "Part number must be an integer")
         return True
 
-    async def _object_headers(self, call: Call, info: ChunkInfo, *, whole: bool) -> list[tuple[bytes, bytes]]:
-        attrs = await self.gw.chunk_attrs(info)
+    def _object_headers(self, call: Call, info: ChunkInfo, attrs: dict[str, str], *,
+                        whole: bool) -> list[tuple[bytes, bytes]]:
         headers = call.headers()
         headers += [
             (b"etag", info.etag.encode()),
@@ -258,19 +263,38 @@ class ObjectHandlers:
 
     async def head_object(self, call: Call) -> None:
         info = await self._resolve(call)
+        status, headers = self._head_answer(call, info, await self.gw.chunk_attrs(info))
+        await call.send({"type": "http.response.start", "status": status, "headers": headers})
+        await call.send({"type": "http.response.body", "body": b""})
+
+    def head_indexed(self, call: Call) -> tuple[int, Headers] | None:
+        """``head_object``'s answer when the directory's view, the index and the attrs cache hold all
+        it needs, without awaiting anything (the lookup lane, ``gateway.api.lane``); None otherwise.
+        Raises what ``head_object`` raises for the same request."""
+        key = object_key(call)
+        bucket = self.gw.bucket_in_view(call, Action.READ)
+        if bucket is None:
+            return None
+        _check_version(call)
+        info = self.gw.service.lookup_indexed(bucket, key)
+        attrs = None if info is None else self.gw.attrs.get(info)
+        if info is None or attrs is None:
+            return None
+        return self._head_answer(call, info, attrs)
+
+    def _head_answer(self, call: Call, info: ChunkInfo, attrs: dict[str, str]) -> tuple[int, Headers]:
         self._part_number(call)
         check_read_conditions(call, info)
         byte_range = parse_range(call.header("range"))
         status = 200
         length = info.size
-        headers = await self._object_headers(call, info, whole=byte_range is None)
+        headers = self._object_headers(call, info, attrs, whole=byte_range is None)
         if byte_range is not None:
             offset, length = resolve_range(byte_range, info.size)
             status = 206
             headers.append((b"content-range", f"bytes {offset}-{offset + length - 1}/{info.size}".encode()))
         headers.append((b"content-length", str(length).encode()))
-        await call.send({"type": "http.response.start", "status": status, "headers": headers})
-        await call.send({"type": "http.response.body", "body": b""})
+        return status, headers
 
     async def get_object(self, call: Call) -> None:
         info = await self._resolve(call)
@@ -279,7 +303,8 @@ class ObjectHandlers:
         byte_range = parse_range(call.header("range"))
         body = await self.gw.service.open_info(info, byte_range)
         try:
-            headers = await self._object_headers(call, body.info, whole=byte_range is None)
+            headers = self._object_headers(call, body.info, await self.gw.chunk_attrs(body.info),
+                                           whole=byte_range is None)
             await send_body(call.send, headers, body, range_of=None if byte_range is None else body.info.size)
         finally:
             await body.close()
