@@ -1,6 +1,5 @@
-"""The lookup lane (``gateway.api.lane``): index-only HEAD / exists / prefix (native) and HeadObject (S3)
-answered inside the HTTP
-protocol, everything else handed to the ASGI app unchanged.
+"""The lookup lane (``gateway.api.lane``): index-only HEAD / exists / prefix (native) and HeadObject
+(S3) answered inside the HTTP protocol, everything else handed to the ASGI app unchanged.
 
 A real gateway (real LMDB, real directories) is served by uvicorn on a real socket, in a thread of
 this process, so the tests can see which requests reached the ASGI app: the lane's answers must not,
