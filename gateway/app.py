@@ -154,15 +154,16 @@ class GatewayApp:
             return self._native_api.takes_indexed(method, raw_path)
         return api == "s3" and method == "HEAD"
 
-    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders,
-                       body: bytes) -> tuple[str, IndexedAnswer] | None:
+    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders, body: bytes,
+                       notes: dict[str, Any]) -> tuple[str, IndexedAnswer] | None:
         """(API, answer) for a lookup its API answers without awaiting anything (native HEAD, exists
-        and prefix; S3 HeadObject), or None: the request must go to ``__call__``. Never raises."""
+        and prefix; S3 HeadObject), or None: the request must go to ``__call__``, with ``notes`` (work
+        already done, such as a verified signature) added to its scope. Never raises."""
         api = self.api_of(unquote(raw_path) if "%" in raw_path else raw_path)
         if api == "native":
             found = self._native_api.answer_indexed(method, raw_path, headers, body)
         elif api == "s3" and not body:
-            found = self.s3_api.answer_indexed(method, raw_path, headers)
+            found = self.s3_api.answer_indexed(method, raw_path, headers, notes)
         else:
             return None
         return None if found is None else (api, found)

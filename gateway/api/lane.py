@@ -51,8 +51,8 @@ class Answering(Protocol):
 
     def takes_indexed(self, method: str, raw_path: str) -> bool: ...
 
-    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders,
-                       body: bytes) -> tuple[str, IndexedAnswer] | None: ...
+    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders, body: bytes,
+                       notes: dict[str, Any]) -> tuple[str, IndexedAnswer] | None: ...
 
 
 class LookupLane:
@@ -68,9 +68,10 @@ class LookupLane:
         return self._apis.takes_indexed(method, raw_path)
 
     def answer(self, method: str, raw_path: str, headers: RawHeaders, body: bytes,
-               default_headers: list[tuple[bytes, bytes]], started: float) -> bytes | None:
-        """The whole response, or None: the request must be handed to the ASGI app (nothing counted)."""
-        answered = self._apis.answer_indexed(method, raw_path, headers, body)
+               default_headers: list[tuple[bytes, bytes]], started: float, notes: dict[str, Any]) -> bytes | None:
+        """The whole response, or None: the request must be handed to the ASGI app (nothing counted)
+        with ``notes`` in its scope."""
+        answered = self._apis.answer_indexed(method, raw_path, headers, body, notes)
         if answered is None or answered[1].status not in STATUS_LINES:
             return None
         api, found = answered
@@ -140,21 +141,25 @@ class LaneHttpProtocol(GuardedHttpProtocol):
         self._lane_body = None
         self._disarm_header_timer()
         assert self.lane is not None
+        notes: dict[str, Any] = {}
         try:
             response = self.lane.answer(self.parser.get_method().decode("ascii"), self.url.decode("latin-1"),
-                                        self.headers, body, self.server_state.default_headers, self._lane_started)
+                                        self.headers, body, self.server_state.default_headers, self._lane_started,
+                                        notes)
         except Exception:
             log.exception("the lookup lane failed; the request goes to the ASGI app")
-            response = None
+            response, notes = None, {}
         if response is None:
-            self._hand_over(body)
+            self._hand_over(body, notes)
             return
         self.transport.write(response)
         self.on_response_complete()
 
-    def _hand_over(self, body: bytes) -> None:
-        """Start uvicorn's request cycle for the request just received, as if the lane were not here."""
+    def _hand_over(self, body: bytes, notes: dict[str, Any]) -> None:
+        """Start uvicorn's request cycle for the request just received, as if the lane were not here
+        (plus ``notes`` in its scope: work the lane did that the app need not do again)."""
         super().on_headers_complete()
+        self.scope.update(notes)  # type: ignore[typeddict-item]  # the cycle's task has not run yet
         if body:
             super().on_body(body)
         super().on_message_complete()

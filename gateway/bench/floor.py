@@ -202,10 +202,10 @@ async def _in_process(workdir: Path, calls: int) -> dict[str, float]:
             for _ in range(calls):
                 await call(request.method, request.target, body)
             out[op] = (time.perf_counter() - started_at) / calls * 1e6
-            assert app.lane is not None and app.lane.answer(request.method, request.target, [], body, [], 0.0)
+            assert app.lane is not None and app.lane.answer(request.method, request.target, [], body, [], 0.0, {})
             started_at = time.perf_counter()
             for _ in range(calls):
-                app.lane.answer(request.method, request.target, [], body, [], 0.0)
+                app.lane.answer(request.method, request.target, [], body, [], 0.0, {})
             out[f"{op} lane"] = (time.perf_counter() - started_at) / calls * 1e6
         return out
     finally:

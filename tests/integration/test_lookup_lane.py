@@ -395,3 +395,24 @@ def test_s3_head_answers_ranges_on_the_lane_and_leaves_errors_to_the_app(lane: L
         assert reply.status == status, name
         assert reply.header("x-amz-request-id"), name
         assert len(lane.calls()) == 1, name
+
+
+def test_a_signature_verified_on_the_lane_is_not_verified_again_when_handed_over(
+        lane: LaneServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_api = lane.app.app.s3_api
+    authenticated: list[str] = []
+    original = s3_api._authenticate
+
+    async def counting(req: Any) -> Any:
+        authenticated.append(req.raw_path)
+        return await original(req)
+
+    monkeypatch.setattr(s3_api, "_authenticate", counting)
+    miss = exchange(lane, s3_head(lane, "absent"), head_request=True)
+    assert miss.status == 404 and len(lane.calls()) == 1  # answered by the app ...
+    assert authenticated == []  # ... with the lane's verified signature
+    bad = exchange(lane, s3_head(lane, "absent", secret="wrong"), head_request=True)
+    assert bad.status == 403 and authenticated == ["/kvcache/absent"]  # a failed check is the app's to repeat
+    lane.protocol.lane = None
+    exchange(lane, s3_head(lane, "absent"), head_request=True)
+    assert authenticated == ["/kvcache/absent"] * 2

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from gateway import errors
 from gateway.access import Directory, Principal
@@ -39,6 +40,10 @@ from gateway.multipart import MultipartStore
 from gateway.service import ChunkService
 
 log = logging.getLogger("kvgw.s3")
+
+VERIFIED = "kvgw.s3.verified"
+"""ASGI scope key: (AuthResult | None, Principal) of a request the lookup lane authenticated."""
+
 
 async def _no_body() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
@@ -164,7 +169,8 @@ class S3API:
         try:
             target = self.addressing.target(req.header("host"), req.raw_path)
             query = parse_query(req.query_string)
-            auth, principal = await self._authenticate(req)
+            verified = scope.get(VERIFIED)  # by the lookup lane, for this very request
+            auth, principal = verified if verified is not None else await self._authenticate(req)
             op = operation(req.method, target, query, req.headers)
             scope["kvgw.op"] = op  # for the request metrics (gateway.metrics)
             call = Call(req, state.send, target, query, principal, auth,
@@ -181,12 +187,17 @@ class S3API:
             log.exception("unhandled error in S3 %s %s (request %s)", req.method, req.raw_path, req.request_id)
             await self._send_error(req, state, S3Error("InternalError"))
 
-    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders) -> IndexedAnswer | None:
+    def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders,
+                       notes: dict[str, Any]) -> IndexedAnswer | None:
         """A HeadObject's answer when the directory's view, the index and the attrs cache hold all it
         needs, computed without awaiting anything, for the lookup lane (``gateway.api.lane``); the
         signature is verified as always. None when the request needs anything more (any error, a query
         string, a credential, bucket or chunk not in view): nothing was counted or changed then, and
-        ``__call__`` must answer it. Never raises."""
+        ``__call__`` must answer it. Never raises.
+
+        A signature verified here is not verified twice: it goes into ``notes``, which the lane puts
+        into the request's ASGI scope when it hands the request over (most of vLLM's HEADs are misses,
+        and SigV4 is most of what a miss costs before the tiers are asked)."""
         if method != "HEAD":
             return None
         req = Request({"method": method, "raw_path": raw_path.encode("latin-1"), "query_string": b"",
@@ -197,6 +208,7 @@ class S3API:
                 return None
             claim = self._claim(req)
             auth, principal = (None, self.directory.anonymous) if claim is None else self._verified(claim)
+            notes[VERIFIED] = (auth, principal)
             found = self.objects.head_indexed(Call(req, _no_send, target, {}, principal, auth))
         except (S3Error, KvgwError):
             return None
