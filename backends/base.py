@@ -79,6 +79,12 @@ class Tier(Protocol):
         """``stat`` for many chunks in one call; None for absent or unreadable ones."""
         ...
 
+    def absent_now(self, digests: list[bytes]) -> bool:
+        """True when the tier certainly holds none of these chunks and could say so without waiting
+        (no I/O that may block the event loop); False when it holds one or cannot tell at once. For
+        callers that cannot await (the lookup lane); ``stat_many`` is the full answer."""
+        ...
+
     async def delete(self, digest: bytes) -> bool:
         """Remove the chunk; False if it was not there."""
         ...

@@ -190,6 +190,9 @@ class FaultyTier:
         await self.check("stat_many", *digests)
         return await self.inner.stat_many(digests)
 
+    def absent_now(self, digests: list[bytes]) -> bool:
+        return False  # its faults are injected where it waits: ask stat_many
+
     async def delete(self, digest: bytes) -> bool:
         await self.check("delete", digest)
         return await self.inner.delete(digest)

@@ -160,6 +160,10 @@ class MemoryTier:
         found = [self.store.chunks.get(digest) for digest in digests]
         return [None if stored is None else stored.readable_meta() for stored in found]
 
+    def absent_now(self, digests: list[bytes]) -> bool:
+        chunks = self.store.chunks
+        return not any(digest in chunks for digest in digests)
+
     async def delete(self, digest: bytes) -> bool:
         return self.store.chunks.pop(digest, None) is not None
 

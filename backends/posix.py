@@ -284,6 +284,10 @@ class PosixTier:
             return list(range(len(paths)))
         return [i for i, path in enumerate(paths) if os.path.exists(path)]
 
+    def absent_now(self, digests: list[bytes]) -> bool:
+        """On a local filesystem, from the dentry cache (as ``stat_many`` probes); never on NFS."""
+        return self._probe_inline and not any(os.path.exists(self.path_for(digest)) for digest in digests)
+
     async def stat_many(self, digests: list[bytes]) -> list[ChunkMeta | None]:
         """The footers of the chunks that exist, None for the others (absent or damaged).
 

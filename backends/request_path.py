@@ -125,6 +125,9 @@ class RequestPathTier:
         return await self._bounded("stat chunks", self.inner.stat_many(digests), self.lookup_timeout,
                                    self._lookup_limit(len(digests)))
 
+    def absent_now(self, digests: list[bytes]) -> bool:
+        return self.inner.absent_now(digests)
+
     async def delete(self, digest: bytes) -> bool:
         return await self._bounded("delete chunk", self.inner.delete(digest), self.request_timeout,
                                    3 * self.request_timeout + self._slack)

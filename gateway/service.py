@@ -158,14 +158,49 @@ class ChunkService:
             return ChunkInfo.from_entry(entry) if self._readable(digest, entry, self._clock()) else None
         return (await self._fall_through_many([digest], bucket.name, [key], strict=strict))[0]
 
-    def lookup_indexed(self, bucket: BucketPolicy, key: str) -> ChunkInfo | None:
-        """``lookup``'s answer when the index holds it live, without awaiting anything (the lookup lane,
-        ``gateway.api.lane``); None when ``lookup`` would have to say more (absent, expired, the tiers)."""
+    # -- the same answers without waiting (the lookup lane, gateway.api.lane) -----------------------
+    #
+    # Each gives what its async namesake gives when that needs no waiting: an index hit, or a miss
+    # every tier to be asked rules out at once (``Tier.absent_now``: a local filesystem's dentry
+    # cache; never S3 or NFS). None when only the async call can tell.
+
+    def head_now(self, bucket: BucketPolicy, key: str) -> ChunkInfo | None:
+        """``head``: the live chunk, NoSuchChunk when it is certainly absent, None when unknown."""
         digest = chunk_digest(bucket.name, key)
         entry = self._index.get(digest)
-        if entry is None or not self._readable(digest, entry, self._clock()):
+        if entry is not None:
+            if self._readable(digest, entry, self._clock()):
+                return ChunkInfo.from_entry(entry)
+            raise NoSuchChunk()
+        if self._absent_now([digest]):
+            raise NoSuchChunk()
+        return None
+
+    def exists_now(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[bool] | None:
+        digests = self._digests(bucket, keys)
+        alive = self._index.alive_many(digests, self._clock())
+        if all(alive) or self._absent_now([digests[i] for i, hit in enumerate(alive) if not hit]):
+            return alive
+        return None
+
+    def prefix_now(self, bucket: BucketPolicy, keys: Sequence[str]) -> int | None:
+        digests = self._digests(bucket, keys)
+        length = self._index.alive_prefix(digests, self._clock())
+        if length < len(keys) and not self._absent_now(digests[length : length + 1]):
             return None
-        return ChunkInfo.from_entry(entry)
+        asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
+        return length
+
+    def _absent_now(self, digests: list[bytes]) -> bool:
+        """Whether ``_fall_through_many`` would find none of ``digests``, known without waiting."""
+        todo = [digest for digest, entry in zip(digests, self._index.get_many(digests), strict=True) if entry is None]
+        for bit in _READ_PREFERENCE:
+            tier = self._tiers.get(bit)
+            if not todo or tier is None or (bit == TierId.S3 and not self._settings.s3_lookup_on_miss):
+                continue
+            if not tier.absent_now(todo):
+                return False
+        return True
 
     def _readable(self, digest: bytes, entry: IndexEntry, now: float) -> bool:
         """Alive, or expired under a read lease this process granted (``LeaseBook.leased_here``)."""
@@ -284,18 +319,6 @@ class ChunkService:
                 break
             start += 1
         return start
-
-    def all_indexed(self, bucket: BucketPolicy, keys: Sequence[str], *, prefix: bool = False) -> bool:
-        """Whether every key is indexed and alive, found without awaiting anything: then ``exists``
-        answers all true and ``prefix`` ``len(keys)``. The lookup lane (``gateway.api.lane``) answers
-        those itself; any other answer may need the tiers and takes the ordinary path. ``prefix``: the
-        keys are a prefix lookup, whose chain is reported (as ``prefix`` does) when all are there."""
-        digests = self._digests(bucket, keys)
-        if self._index.alive_prefix(digests, self._clock()) != len(keys):
-            return False
-        if prefix:  # learning the chain can wait until the answer is on its way
-            asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
-        return True
 
     async def lease(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]]:
         """Read-lease the chunks of ``keys``, which a lookup found just now (``gateway.leases``).

@@ -13,9 +13,10 @@ How: ``LaneHttpProtocol`` (the last subclass of uvicorn's httptools protocol her
 request when its head is complete (``GatewayApp.takes_indexed``), holds back uvicorn's request cycle
 and collects the small body itself. When the message is complete it asks ``answer_indexed`` of the API
 the path belongs to: an answer is written at once, with uvicorn's default headers (date, server), and
-counted in the request metrics as the ASGI path counts. Anything else (an error, a key the index does
-not hold alive, a lease, a credential, bucket or S3 attributes the in-memory views do not hold yet) is
-handed over: uvicorn's cycle starts then with the head and body as received, and the API answers as it
+counted in the request metrics as the ASGI path counts. Misses are answered too when every tier that
+would be asked rules the chunk out at once (``Tier.absent_now``: a local filesystem's dentry cache;
+never S3 or NFS). Anything else (an error, a miss only a tier's answer settles, a lease, a credential,
+bucket or S3 attributes the in-memory views do not hold yet) is handed over: uvicorn's cycle starts then with the head and body as received, and the API answers as it
 would have; the lane has changed nothing. Authentication is the APIs' own (S3's SigV4 is verified on
 the lane as on the ASGI path).
 
@@ -36,6 +37,8 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
 from gateway.api.connections import ConnectionLimits, GuardedHttpProtocol
 from gateway.api.http import IndexedAnswer, RawHeaders
 from gateway.metrics import RequestMetrics
@@ -43,7 +46,6 @@ from gateway.metrics import RequestMetrics
 log = logging.getLogger("kvgw.api")
 
 LANE_BODY_LIMIT = 64 * 1024  # uvicorn's HIGH_WATER_LIMIT: what it reads ahead of an app
-STATUS_LINES = {200: b"HTTP/1.1 200 OK\r\n", 206: b"HTTP/1.1 206 Partial Content\r\n"}
 
 
 class Answering(Protocol):
@@ -72,10 +74,10 @@ class LookupLane:
         """The whole response, or None: the request must be handed to the ASGI app (nothing counted)
         with ``notes`` in its scope."""
         answered = self._apis.answer_indexed(method, raw_path, headers, body, notes)
-        if answered is None or answered[1].status not in STATUS_LINES:
+        if answered is None:
             return None
         api, found = answered
-        head = [STATUS_LINES[found.status]]
+        head = [STATUS_LINE[found.status]]
         for name, value in default_headers:
             head += (name, b": ", value, b"\r\n")
         for name, value in found.headers:

@@ -238,23 +238,15 @@ class NativeAPI:
         if state.started:
             log.warning("request %s failed after its response started: %s", req.request_id, exc.code)
             return
-        status = status_for(exc)
-        headers = self._base_headers(req)
-        headers.append((b"content-type", b"application/json"))
-        if status == 401:
-            headers.append((b"www-authenticate", b'Bearer realm="kvgw"'))
-        if isinstance(exc, InvalidRange):
-            headers.append((b"content-range", f"bytes */{exc.size}".encode()))
+        answer = _error_answer(req.method, req.request_id, exc)
+        headers = answer.headers
         if not await req.drain(ERROR_DRAIN_LIMIT):
             headers.append((b"connection", b"close"))
-        body = b"" if req.method == "HEAD" else json_body(
-            {"error": {"code": exc.code, "message": exc.message, "request_id": req.request_id}}
-        )
         if req.method == "HEAD":
-            await state.send({"type": "http.response.start", "status": status, "headers": headers})
+            await state.send({"type": "http.response.start", "status": answer.status, "headers": headers})
             await state.send({"type": "http.response.body", "body": b""})
         else:
-            await send_response(state.send, status, headers, body)
+            await send_response(state.send, answer.status, headers, answer.body)
 
     async def _keys(self, req: Request) -> list[str]:
         return (await self._lookup_body(req, leasable=False))[0]
@@ -316,7 +308,11 @@ class NativeAPI:
     def _head_indexed(self, request_id: str, authorization: str | None, bucket_name: str, key: str,
                       _: bytes) -> IndexedAnswer | None:
         bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
-        info = None if bucket is None else self.service.lookup_indexed(bucket, key)
+        try:
+            info = None if bucket is None else self.service.head_now(bucket, key)
+        except NoSuchChunk as exc:
+            self._lookups("head", 0, 1)
+            return _error_answer("HEAD", request_id, exc)._replace(op="head_chunk")
         if info is None:
             return None
         self._lookups("head", 1, 0)
@@ -372,19 +368,22 @@ class NativeAPI:
                         body: bytes) -> IndexedAnswer | None:
         bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
         keys, lease_ms = _lookup_doc(body)
-        if bucket is None or lease_ms or not self.service.all_indexed(bucket, keys):
+        found = None if bucket is None or lease_ms else self.service.exists_now(bucket, keys)
+        if found is None:
             return None
-        self._lookups("exists", len(keys), 0)
-        return _json_answer("exists", request_id, {"exists": [True] * len(keys)})
+        hits = sum(found)
+        self._lookups("exists", hits, len(found) - hits)
+        return _json_answer("exists", request_id, {"exists": found})
 
     def _prefix_indexed(self, request_id: str, authorization: str | None, bucket_name: str, _: str,
                         body: bytes) -> IndexedAnswer | None:
         bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
         keys, lease_ms = _lookup_doc(body)
-        if bucket is None or lease_ms or not self.service.all_indexed(bucket, keys, prefix=True):
+        length = None if bucket is None or lease_ms else self.service.prefix_now(bucket, keys)
+        if length is None:
             return None
-        self._lookups("prefix", len(keys), 0)
-        return _json_answer("prefix", request_id, {"length": len(keys)})
+        self._lookups("prefix", length, int(length < len(keys)))  # the run stops at its first miss
+        return _json_answer("prefix", request_id, {"length": length})
 
     async def _prefetch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Stage S3-held chunks into the filesystem tier ahead of reads; answers at once."""
@@ -537,6 +536,19 @@ def _lookup_doc(raw: bytes, *, leasable: bool = True) -> tuple[list[str], int]:
     if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or not 0 <= lease_ms <= MAX_LEASE_MS:
         raise InvalidRequest(f'"lease_ms" must be an integer from 0 to {MAX_LEASE_MS}')
     return keys, lease_ms  # the service validates the keys while it digests them
+
+
+def _error_answer(method: str, request_id: str, exc: KvgwError) -> IndexedAnswer:
+    """The error answer to a request (no content-length: ``send_response`` adds it, a HEAD has none)."""
+    status = status_for(exc)
+    headers: Headers = [(b"x-kvgw-request-id", request_id.encode()), (b"content-type", b"application/json")]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="kvgw"'))
+    if isinstance(exc, InvalidRange):
+        headers.append((b"content-range", f"bytes */{exc.size}".encode()))
+    body = b"" if method == "HEAD" else json_body(
+        {"error": {"code": exc.code, "message": exc.message, "request_id": request_id}})
+    return IndexedAnswer("error", headers, body, status)
 
 
 def _json_answer(op: str, request_id: str, doc: Any) -> IndexedAnswer:

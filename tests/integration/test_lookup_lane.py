@@ -231,11 +231,7 @@ EXISTS = "/v1/buckets/kvcache/exists"
 PREFIX = "/v1/buckets/kvcache/prefix"
 
 HANDED_OVER: dict[str, tuple[bytes, int, Any]] = {
-    # what the lane cannot answer from the index: the ASGI path answers, as documented
-    "exists with a miss": (request("POST", EXISTS, keys_body([KEYS[0], "absent"])), 200,
-                           {"exists": [True, False]}),
-    "prefix with a miss": (request("POST", PREFIX, keys_body([KEYS[0], "absent", KEYS[1]])), 200, {"length": 1}),
-    "HEAD of an absent key": (request("HEAD", chunk_path("absent")), 404, None),
+    # what the lane cannot answer from the in-memory views: the ASGI path answers, as documented
     "a lease asked for": (request("POST", EXISTS, keys_body(KEYS[:2], lease_ms=1000)), 200, None),
     "not JSON": (request("POST", EXISTS, b"{nope"), 400, "InvalidRequest"),
     "not a keys document": (request("POST", PREFIX, b'{"keys": [1]}'), 400, "InvalidRequest"),
@@ -252,7 +248,7 @@ HANDED_OVER: dict[str, tuple[bytes, int, Any]] = {
         + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(keys_body(KEYS)), keys_body(KEYS)),
         200, {"exists": [True] * len(KEYS)}),
     "a body larger than the lane's limit": (
-        request("POST", EXISTS, keys_body(KEYS + ["k" * 1000] * (LANE_BODY_LIMIT // 1000))), 200, None),
+        request("POST", EXISTS, keys_body(KEYS + ["k" * 1000] * (LANE_BODY_LIMIT // 1000 + 1))), 200, None),
     "Expect: 100-continue": (request("POST", PREFIX, keys_body(KEYS), extra=b"Expect: 100-continue\r\n"), 200,
                              {"length": len(KEYS)}),
     "repeated Authorization": (request("POST", PREFIX, keys_body(KEYS), extra=f"Authorization: {AUTH}\r\n".encode()),
@@ -304,7 +300,7 @@ def test_pipelined_requests_are_answered_in_order_whichever_path_answers(lane: L
         conn.send(request("POST", EXISTS, keys_body(KEYS))                    # lane
                   + request("GET", chunk_path(KEYS[1]))                         # ASGI
                   + request("POST", PREFIX, keys_body(KEYS[:3]))                # behind a running cycle: ASGI
-                  + request("POST", EXISTS, keys_body(["absent", KEYS[0]]))     # handed over
+                  + request("POST", EXISTS, keys_body(["absent", KEYS[0]]))     # behind a cycle, or lane
                   + request("HEAD", chunk_path(KEYS[3])))                       # lane or ASGI
         assert conn.reply().json() == {"exists": [True] * len(KEYS)}
         assert conn.reply().body == KEYS[1].encode() * 100
@@ -317,8 +313,8 @@ def test_pipelined_requests_are_answered_in_order_whichever_path_answers(lane: L
     finally:
         conn.close()
     seen = lane.calls()
-    assert ("GET", chunk_path(KEYS[1])) in seen and ("POST", EXISTS) in seen
-    assert seen.count(("POST", EXISTS)) == 1  # the all-present exists never reached the app
+    assert ("GET", chunk_path(KEYS[1])) in seen and ("POST", PREFIX) in seen
+    assert seen.count(("POST", EXISTS)) <= 1  # the first exists never reached the app
 
 
 def test_a_stalled_lane_body_gets_408_and_is_closed(lane: LaneServer) -> None:
@@ -386,7 +382,6 @@ def test_s3_head_answers_ranges_on_the_lane_and_leaves_errors_to_the_app(lane: L
     cases = {
         "not modified": (s3_head(lane, KEYS[6], extra={"If-None-Match": etag}), 304),
         "precondition": (s3_head(lane, KEYS[6], extra={"If-Match": '"nope"'}), 412),
-        "absent key": (s3_head(lane, "absent"), 404),
         "wrong secret": (s3_head(lane, KEYS[6], secret="wrong"), 403),
         "unsigned": (f"HEAD /kvcache/{KEYS[6]} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode(), 403),
     }
@@ -408,11 +403,50 @@ def test_a_signature_verified_on_the_lane_is_not_verified_again_when_handed_over
         return await original(req)
 
     monkeypatch.setattr(s3_api, "_authenticate", counting)
-    miss = exchange(lane, s3_head(lane, "absent"), head_request=True)
-    assert miss.status == 404 and len(lane.calls()) == 1  # answered by the app ...
+    uncached = f"/kvcache/{KEYS[7]}"  # never read through S3: its attributes are not cached yet
+    first = exchange(lane, s3_head(lane, KEYS[7]), head_request=True)
+    assert first.status == 200 and len(lane.calls()) == 1  # answered by the app ...
     assert authenticated == []  # ... with the lane's verified signature
     bad = exchange(lane, s3_head(lane, "absent", secret="wrong"), head_request=True)
     assert bad.status == 403 and authenticated == ["/kvcache/absent"]  # a failed check is the app's to repeat
     lane.protocol.lane = None
-    exchange(lane, s3_head(lane, "absent"), head_request=True)
-    assert authenticated == ["/kvcache/absent"] * 2
+    exchange(lane, s3_head(lane, KEYS[7]), head_request=True)
+    assert authenticated == ["/kvcache/absent", uncached]
+
+
+# -- misses ----------------------------------------------------------------------------------------
+
+
+MISSES = {
+    "exists": (request("POST", EXISTS, keys_body([KEYS[0], "absent", KEYS[1], "gone"])), False),
+    "prefix": (request("POST", PREFIX, keys_body([KEYS[0], KEYS[1], "absent", KEYS[2]])), False),
+    "HEAD": (request("HEAD", chunk_path("absent")), True),
+}
+
+
+def test_misses_the_filesystem_tier_rules_out_at_once_are_answered_on_the_lane(lane: LaneServer) -> None:
+    by_lane = {name: exchange(lane, raw, head_request=head) for name, (raw, head) in MISSES.items()}
+    s3_miss = exchange(lane, s3_head(lane, "absent"), head_request=True)
+    assert lane.calls() == []
+    assert by_lane["exists"].json() == {"exists": [True, False, True, False]}
+    assert by_lane["prefix"].json() == {"length": 2}
+    assert by_lane["HEAD"].status == 404 and s3_miss.status == 404
+    lane.protocol.lane = None
+    by_app = {name: exchange(lane, raw, head_request=head) for name, (raw, head) in MISSES.items()}
+    s3_by_app = exchange(lane, s3_head(lane, "absent"), head_request=True)
+    assert len(lane.calls()) == len(MISSES) + 1
+    assert {n: normalized(r) for n, r in by_lane.items()} == {n: normalized(r) for n, r in by_app.items()}
+    assert normalized(s3_miss) == normalized(s3_by_app)
+
+
+def test_misses_a_tier_cannot_rule_out_at_once_go_to_the_app(lane: LaneServer,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on NFS or with S3 behind (``Tier.absent_now`` cannot tell): the app asks the tiers."""
+    for tier in lane.app.app.gateway.service._tiers.values():
+        monkeypatch.setattr(tier, "absent_now", lambda digests: False)
+    for name, (raw, head) in MISSES.items():
+        reply = exchange(lane, raw, head_request=head)
+        assert len(lane.calls()) == 1, name
+        assert reply.status == (404 if head else 200), name
+    hits = exchange(lane, request("POST", EXISTS, keys_body(KEYS)))
+    assert hits.json() == {"exists": [True] * len(KEYS)} and lane.calls() == []

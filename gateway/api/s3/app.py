@@ -35,7 +35,7 @@ from gateway.api.s3.routing import Addressing, Target, operation, parse_query
 from gateway.api.s3.uploads import UploadHandlers
 from gateway.buckets import BucketService
 from gateway.config import Settings
-from gateway.errors import InvalidRange, KvgwError
+from gateway.errors import InvalidRange, KvgwError, NoSuchChunk
 from gateway.multipart import MultipartStore
 from gateway.service import ChunkService
 
@@ -210,6 +210,8 @@ class S3API:
             auth, principal = (None, self.directory.anonymous) if claim is None else self._verified(claim)
             notes[VERIFIED] = (auth, principal)
             found = self.objects.head_indexed(Call(req, _no_send, target, {}, principal, auth))
+        except NoSuchChunk as exc:  # certainly absent: the answer, as __call__ would give it
+            return self._error_answer(req, to_s3(exc, target))._replace(op="HeadObject")
         except (S3Error, KvgwError):
             return None
         if found is None:
@@ -244,13 +246,20 @@ class S3API:
         if state.started:
             log.warning("S3 request %s failed after its response started: %s", req.request_id, exc.code)
             return
+        answer = self._error_answer(req, exc)
+        headers = answer.headers
+        if not await req.drain(DRAIN_LIMIT):
+            headers.insert(-1, (b"connection", b"close"))  # before content-length, as it always was
+        await state.send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await state.send({"type": "http.response.body", "body": answer.body})
+
+    @staticmethod
+    def _error_answer(req: Request, exc: S3Error) -> IndexedAnswer:
+        """S3's XML error answer to ``req`` (content-length included)."""
         if exc.status >= 500 and exc.code not in ERRORS:
             exc = S3Error("InternalError")
         answer = error_response(exc, resource=req.raw_path, request_id=req.request_id, head=req.method == "HEAD")
         headers = answer.headers
         headers.append((b"x-amz-id-2", req.request_id.encode()))
-        if not await req.drain(DRAIN_LIMIT):
-            headers.append((b"connection", b"close"))
         headers.append((b"content-length", str(len(answer.body)).encode()))
-        await state.send({"type": "http.response.start", "status": answer.status, "headers": headers})
-        await state.send({"type": "http.response.body", "body": answer.body})
+        return IndexedAnswer("error", headers, answer.body, answer.status)

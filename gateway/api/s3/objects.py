@@ -268,15 +268,16 @@ class ObjectHandlers:
         await call.send({"type": "http.response.body", "body": b""})
 
     def head_indexed(self, call: Call) -> tuple[int, Headers] | None:
-        """``head_object``'s answer when the directory's view, the index and the attrs cache hold all
-        it needs, without awaiting anything (the lookup lane, ``gateway.api.lane``); None otherwise.
-        Raises what ``head_object`` raises for the same request."""
+        """``head_object``'s answer when the directory's view, the index (or a tier telling at once
+        that the chunk is absent: NoSuchChunk) and the attrs cache hold all it needs, without awaiting
+        anything (the lookup lane, ``gateway.api.lane``); None otherwise. Raises what ``head_object``
+        raises for the same request."""
         key = object_key(call)
         bucket = self.gw.bucket_in_view(call, Action.READ)
         if bucket is None:
             return None
         _check_version(call)
-        info = self.gw.service.lookup_indexed(bucket, key)
+        info = self.gw.service.head_now(bucket, key)
         attrs = None if info is None else self.gw.attrs.get(info)
         if info is None or attrs is None:
             return None
