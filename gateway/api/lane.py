@@ -16,9 +16,10 @@ the path belongs to: an answer is written at once, with uvicorn's default header
 counted in the request metrics as the ASGI path counts. Misses are answered too when every tier that
 would be asked rules the chunk out at once (``Tier.absent_now``: a local filesystem's dentry cache;
 never S3 or NFS). Anything else (an error, a miss only a tier's answer settles, a lease, a credential,
-bucket or S3 attributes the in-memory views do not hold yet) is handed over: uvicorn's cycle starts then with the head and body as received, and the API answers as it
-would have; the lane has changed nothing. Authentication is the APIs' own (S3's SigV4 is verified on
-the lane as on the ASGI path).
+bucket or S3 attributes the in-memory views do not hold yet) is handed over: uvicorn's cycle starts
+then with the head and body as received, and the API answers as it would have; the lane has changed
+nothing but what it notes for the API (a signature it verified). Authentication is the APIs' own
+(S3's SigV4 is verified on the lane as on the ASGI path).
 
 Requests the lane leaves to uvicorn from their head on: anything but HTTP/1.1 keep-alive; ``Expect``;
 a query string; a body without ``Content-Length`` or larger than ``LANE_BODY_LIMIT`` (uvicorn's own

@@ -239,6 +239,20 @@ async def test_stat_many_in_order_with_none_for_absent(case: TierCase) -> None:
     assert await case.tier.stat_many([]) == []
 
 
+async def test_absent_now_never_says_absent_for_a_chunk_that_is_there(case: TierCase) -> None:
+    """``absent_now`` may always say "cannot tell" (False), never "absent" for a published chunk; the
+    tiers that answer on the event loop (a local filesystem, memory) do tell an absent chunk."""
+    digest, _ = await store(case.tier, blob(2000), "present-now")
+    absent = [chunk_digest("kvcache", "absent-now"), chunk_digest("kvcache", "absent-too")]
+    assert not case.tier.absent_now([digest])
+    assert not case.tier.absent_now([absent[0], digest])
+    answers_at_once = isinstance(case.tier, MemoryTier) or (isinstance(case.tier, PosixTier)
+                                                           and case.tier._probe_inline)
+    assert case.tier.absent_now(absent) is answers_at_once
+    await case.tier.delete(digest)
+    assert case.tier.absent_now([digest]) is answers_at_once
+
+
 async def test_damaged_chunk_is_none_for_lookups(case: TierCase) -> None:
     digest, _ = await store(case.tier, blob(5000), "damaged")
     case.damage(digest)
