@@ -22,10 +22,11 @@ nothing but what it notes for the API (a signature it verified). Authentication 
 (S3's SigV4 is verified on the lane as on the ASGI path).
 
 Requests the lane leaves to uvicorn from their head on: anything but HTTP/1.1 keep-alive; ``Expect``;
-a query string; a body without ``Content-Length`` or larger than ``LANE_BODY_LIMIT`` (uvicorn's own
-read-ahead limit, so a connection holds no more than before); a request behind one still being answered
-(pipelined) or on a connection whose writes are paused (the ASGI path waits for the client to read);
-every request when uvicorn's access log is on (it logs from its request cycle).
+a target that is not a plain path (absolute form, a query string, a fragment); a body without
+``Content-Length`` or larger than ``LANE_BODY_LIMIT`` (uvicorn's own read-ahead limit, so a connection
+holds no more than before); a request behind one still being answered (pipelined) or on a connection
+whose writes are paused (the ASGI path waits for the client to read); every request when uvicorn's
+access log is on (it logs from its request cycle).
 
 The header deadline (``gateway.api.connections``) covers a lane request until its body is complete.
 Everything here runs on the event loop.
@@ -118,7 +119,7 @@ class LaneHttpProtocol(GuardedHttpProtocol):
             return False
         url: bytes = self.url
         method = parser.get_method().decode("ascii")
-        if b"?" in url or not lane.takes(method, url.decode("latin-1")):
+        if not url.startswith(b"/") or b"?" in url or b"#" in url or not lane.takes(method, url.decode("latin-1")):
             return False
         length = -1
         for name, value in self.headers:

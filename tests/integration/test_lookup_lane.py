@@ -243,6 +243,8 @@ HANDED_OVER: dict[str, tuple[bytes, int, Any]] = {
                                "InvalidRequest"),
     # what the lane leaves to uvicorn from the request head on
     "a query string": (request("POST", EXISTS + "?x=1", keys_body(KEYS)), 200, {"exists": [True] * len(KEYS)}),
+    "an absolute-form target": (request("POST", f"http://kvgw{EXISTS}", keys_body(KEYS)), 200,
+                                {"exists": [True] * len(KEYS)}),
     "a chunked body": (
         b"POST " + EXISTS.encode() + b" HTTP/1.1\r\nHost: kvgw\r\nAuthorization: " + AUTH.encode()
         + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(keys_body(KEYS)), keys_body(KEYS)),
