@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -153,8 +154,8 @@ class NativeAPI:
         }
         # what the lookup lane (``gateway.api.lane``) may answer without an ASGI request cycle
         self._indexed_chunk_handlers: dict[str, IndexedHandler] = {"HEAD": self._head_indexed}
-        self._indexed_post_handlers: dict[str, IndexedHandler] = {"exists": self._exists_indexed,
-                                                                   "prefix": self._prefix_indexed}
+        self._indexed_post_handlers: dict[str, IndexedHandler] = {
+            op: functools.partial(self._lookup_indexed, op) for op in ("exists", "prefix")}
 
     @property
     def calls(self) -> frozenset[str]:
@@ -364,26 +365,26 @@ class NativeAPI:
         self._lookups("prefix", length, int(length < len(keys)))  # the run stops at its first miss
         await self._send_json(req, send, {"length": length, **answer})
 
-    def _exists_indexed(self, request_id: str, authorization: str | None, bucket_name: str, _: str,
+    def _lookup_indexed(self, op: str, request_id: str, authorization: str | None, bucket_name: str, _: str,
                         body: bytes) -> IndexedAnswer | None:
+        """``exists`` or ``prefix`` (``op``) without waiting: what ``_exists`` / ``_prefix`` answer."""
         bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
         keys, lease_ms = _lookup_doc(body)
-        found = None if bucket is None or lease_ms else self.service.exists_now(bucket, keys)
-        if found is None:
+        if bucket is None or lease_ms:
             return None
-        hits = sum(found)
-        self._lookups("exists", hits, len(found) - hits)
-        return _json_answer("exists", request_id, {"exists": found})
-
-    def _prefix_indexed(self, request_id: str, authorization: str | None, bucket_name: str, _: str,
-                        body: bytes) -> IndexedAnswer | None:
-        bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
-        keys, lease_ms = _lookup_doc(body)
-        length = None if bucket is None or lease_ms else self.service.prefix_now(bucket, keys)
-        if length is None:
-            return None
-        self._lookups("prefix", length, int(length < len(keys)))  # the run stops at its first miss
-        return _json_answer("prefix", request_id, {"length": length})
+        doc: dict[str, Any]
+        if op == "exists":
+            found = self.service.exists_now(bucket, keys)
+            if found is None:
+                return None
+            hits, misses, doc = sum(found), len(found) - sum(found), {"exists": found}
+        else:
+            length = self.service.prefix_now(bucket, keys)
+            if length is None:
+                return None
+            hits, misses, doc = length, int(length < len(keys)), {"length": length}  # stops at its first miss
+        self._lookups(op, hits, misses)
+        return _json_answer(op, request_id, doc)
 
     async def _prefetch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Stage S3-held chunks into the filesystem tier ahead of reads; answers at once."""
