@@ -54,6 +54,7 @@ OBJECT_BYTES = 4096  # a HEAD never reads the body; the size only has to be real
 KVGW_HIT = "kvgw S3 HEAD hit"
 KVGW_MISS = "kvgw S3 HEAD miss"
 KVGW_NATIVE = "kvgw native HEAD hit"
+NO_LANE = ", lane off"
 FASTAPI = "FastAPI dict route"
 NGINX = "nginx static HEAD"
 NIXL = "NIXL query_memory"
@@ -125,9 +126,13 @@ def load(address: Address, requests: Sequence[LoadRequest]) -> Callable[[int, fl
 
 
 @contextlib.contextmanager
-def kvgw_server(workdir: Path) -> Iterator[KvgwProcess]:
-    env = {"KVGW_ROOT_ACCESS_KEY": ACCESS_KEY, "KVGW_ROOT_SECRET_KEY": SECRET_KEY}
-    with KvgwProcess(workdir / "kvgw-data", env=env, inherit_kvgw_env=False, log_path=workdir / "kvgw.log") as server:
+def kvgw_server(workdir: Path, *, name: str = "kvgw", lane: bool = True) -> Iterator[KvgwProcess]:
+    """A gateway on its defaults, with the bench's root credentials; ``lane=False``: the lookup lane
+    off (``KVGW_LOOKUP_LANE``), every HEAD through uvicorn's request cycle."""
+    env = {"KVGW_ROOT_ACCESS_KEY": ACCESS_KEY, "KVGW_ROOT_SECRET_KEY": SECRET_KEY,
+           "KVGW_LOOKUP_LANE": str(lane).lower()}
+    with KvgwProcess(workdir / f"{name}-data", env=env, inherit_kvgw_env=False,
+                     log_path=workdir / f"{name}.log") as server:
         yield server
 
 
@@ -221,14 +226,16 @@ def main(argv: Sequence[str]) -> int:
     try:
         with contextlib.ExitStack() as stack:
             kvgw = stack.enter_context(kvgw_server(workdir))
-            create_bucket(kvgw)
+            no_lane = stack.enter_context(kvgw_server(workdir, name="kvgw-no-lane", lane=False))
             auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
             payload = os.urandom(OBJECT_BYTES)
             puts = [LoadRequest("PUT", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", body=payload,
                                 headers=[auth], expect=(201,)) for k in hits]
-            done = run_load(kvgw.address, lambda i, seq: puts[seq], 4, count=len(puts))
-            if done.errors:
-                raise RuntimeError(f"preload: {done.errors} PUTs failed, e.g. {done.error_samples[:2]}")
+            for gateway in (kvgw, no_lane):
+                create_bucket(gateway)
+                done = run_load(gateway.address, lambda i, seq: puts[seq], 4, count=len(puts))
+                if done.errors:
+                    raise RuntimeError(f"preload: {done.errors} PUTs failed, e.g. {done.error_samples[:2]}")
             fastapi = FastAPIApp(workdir / "fastapi", args.objects, OBJECT_BYTES).start()
             stack.callback(fastapi.stop)
             server_pid = lambda: kvgw.pids()  # noqa: E731
@@ -237,6 +244,10 @@ def main(argv: Sequence[str]) -> int:
                                                                  for k in hits])),
                 Target(KVGW_MISS, server_pid, load(kvgw.address, [signed_head(kvgw.address, BUCKET, k, (404,))
                                                                   for k in misses])),
+                Target(KVGW_HIT + NO_LANE, no_lane.pids, load(no_lane.address, [
+                    signed_head(no_lane.address, BUCKET, k, (200,)) for k in hits])),
+                Target(KVGW_MISS + NO_LANE, no_lane.pids, load(no_lane.address, [
+                    signed_head(no_lane.address, BUCKET, k, (404,)) for k in misses])),
                 Target(KVGW_NATIVE, server_pid, load(kvgw.address, [
                     LoadRequest("HEAD", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", headers=[auth])
                     for k in hits])),
@@ -285,6 +296,11 @@ def main(argv: Sequence[str]) -> int:
         if hit is not None and base is not None and base.rate:
             print(f"{clients} clients: kvgw S3 HEAD (hit) {hit.rate:.0f}/s = {hit.rate / base.rate:.2f}x the FastAPI "
                   f"dict route ({base.rate:.0f}/s), measured alternately in the same run")
+        for name in (KVGW_HIT, KVGW_MISS):
+            on = next(t.median(clients) for t in targets if t.name == name)
+            off = next(t.median(clients) for t in targets if t.name == name + NO_LANE)
+            if on is not None and off is not None and off.rate:
+                print(f"{clients} clients: {name} with the lookup lane / without: {on.rate / off.rate:.2f}x the rate")
     return 1 if errors else 0
 
 

@@ -16,7 +16,8 @@ def test_bench_head_smoke() -> None:
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     table = result.stdout
-    for row in ("kvgw S3 HEAD hit", "kvgw S3 HEAD miss", "kvgw native HEAD hit", "FastAPI dict route",
-                "NIXL query_memory"):
+    for row in ("kvgw S3 HEAD hit", "kvgw S3 HEAD miss", "kvgw S3 HEAD hit, lane off", "kvgw S3 HEAD miss, lane off",
+                "kvgw native HEAD hit", "FastAPI dict route", "NIXL query_memory"):
         assert row in table, table
     assert "4 clients: kvgw S3 HEAD (hit)" in table
+    assert "4 clients: kvgw S3 HEAD miss with the lookup lane / without:" in table
