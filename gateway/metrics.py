@@ -62,6 +62,9 @@ class RequestMetrics:
         self.bytes_out = Counter("kvgw_response_body_bytes", "Response body bytes sent.", ["api"], registry=registry)
         self.lookup_keys = Counter("kvgw_lookup_keys", "Keys asked about by exists, prefix and HEAD, by result.",
                                    ["op", "result"], registry=registry)
+        lane = Counter("kvgw_lane_requests", "Lookups the lookup lane answered, and those it handed to the API.",
+                       ["result"], registry=registry)
+        self.lane_answered, self.lane_handed_over = lane.labels("answered"), lane.labels("handed_over")
 
         # labelled children by label values: ``labels()`` costs a lock and a tuple build per call, a
         # third of what a native HEAD spends in Python (profiled); the label sets are few and fixed

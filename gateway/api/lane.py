@@ -77,7 +77,9 @@ class LookupLane:
         with ``notes`` in its scope."""
         answered = self._apis.answer_indexed(method, raw_path, headers, body, notes)
         if answered is None:
+            self._metrics.lane_handed_over.inc()
             return None
+        self._metrics.lane_answered.inc()
         api, found = answered
         head = [STATUS_LINE[found.status]]
         for name, value in default_headers:

@@ -222,6 +222,10 @@ def test_lane_answers_are_counted_in_the_request_metrics(lane: LaneServer) -> No
     assert value(r'kvgw_request_seconds_count\{api="native",op="exists"\}') == 3
     assert value(r'kvgw_lookup_keys_total\{op="exists",result="hit"\}') == 3 * len(KEYS)
     assert value(r'kvgw_lookup_keys_total\{op="head",result="hit"\}') == 1
+    assert value(r'kvgw_lane_requests_total\{result="answered"\}') == 4
+    exchange(lane, request("POST", EXISTS, keys_body(KEYS), auth=None))  # 401: handed over
+    metrics = httpx.get(f"{lane.url}/metrics", headers={"Authorization": AUTH}).text
+    assert value(r'kvgw_lane_requests_total\{result="handed_over"\}') == 1
 
 
 # -- handed over ---------------------------------------------------------------------------------
