@@ -18,6 +18,7 @@ does) to help a client author find the difference.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -490,7 +491,9 @@ def _parse_signed_headers(value: str, error: type[S3Error]) -> tuple[str, ...]:
     return names
 
 
+@functools.lru_cache(maxsize=256)
 def _parse_amz_date(text: str) -> float | None:
+    """Epoch seconds of an ``x-amz-date``; memoised: requests signed in the same second share it."""
     match = _AMZ_DATE.fullmatch(text)
     if match is None:
         return None

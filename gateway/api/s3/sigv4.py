@@ -20,6 +20,7 @@ import functools
 import hashlib
 import hmac
 import itertools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
@@ -50,10 +51,16 @@ def uri_encode(raw: bytes, *, keep_slash: bool) -> bytes:
     return quote_from_bytes(raw, safe="/" if keep_slash else "").encode("ascii")
 
 
+_PLAIN_PATH = re.compile(rb"[A-Za-z0-9\-._~/]+")
+"""A path with nothing to encode or decode: its own canonical URI (vLLM's and LMCache's keys are)."""
+
+
 def canonical_uris(raw_path: bytes) -> list[bytes]:
     """Candidate canonical URIs for a raw (as sent, percent-encoded) path; the raw one first."""
     if not raw_path:
         return [b"/"]
+    if _PLAIN_PATH.fullmatch(raw_path):
+        return [raw_path]
     encoded = uri_encode(unquote_to_bytes(raw_path), keep_slash=True)
     return [raw_path] if encoded == raw_path else [raw_path, encoded]
 
