@@ -118,6 +118,10 @@ def _maybe_timeout(seconds: float | None) -> contextlib.AbstractAsyncContextMana
     return asyncio.timeout(seconds) if seconds is not None else contextlib.nullcontext()
 
 
+class _Refused(Exception):
+    """A buffer provider refused a destination (``read_remembered`` gives up)."""
+
+
 @dataclass(slots=True)
 class _End:
     error: BaseException | None
@@ -338,6 +342,45 @@ class KvgwClient:
         No buffer is written after this returns (the stream is cut on the I/O loop, between frames'
         bytes, before the statuses are handed back)."""
         return await self._io.run(self._batch_into(list(keys), into, on_item, quiet, timeout))
+
+    async def read_remembered(self, keys: Sequence[str], into: BufferProvider) -> list[BatchItem] | None:
+        """Read ``keys`` from the files remembered for them, on the calling loop, whichever loop and
+        thread that is: when this client holds a read lease covering every key and a ``locate`` found its
+        file (``HeldLeases.located``). No hop to the client's I/O loop and back (two thread wake-ups per
+        load, BENCHMARKS.md "kvgw bench lmcache"). Every read is verified as ``batch_get_into``'s direct
+        reads are, and reported to the gateway by the same coalesced touch (sent from the I/O loop).
+
+        None when not every key is remembered, a destination is refused or any read fails: then nothing
+        ``into`` handed out holds valid bytes (the caller frees it) and the caller takes the ordinary
+        path, ``batch_get_into``, which tries the files again and fetches what fails through the gateway.
+
+        The lease book belongs to the I/O loop; reading it from another thread is safe because each step
+        is one dict lookup (atomic under the GIL), and a stale answer costs one failed read at most."""
+        if self._direct is None or self._closed or not keys:
+            return None
+        located = self._leases.located(keys, self.settings.lease_ms)
+        if located is None:
+            return None
+
+        def draw() -> Iterator[tuple[Location, Destination]]:
+            for index, loc in enumerate(located):
+                dest = into(index, loc.size)
+                if dest is None:
+                    raise _Refused()
+                yield loc, dest
+
+        try:
+            results = await self._direct.read_all(draw())
+        except _Refused:
+            return None
+        if any(result is not ReadResult.OK for result in results):
+            self.counters.add("direct.remembered_retried")  # by the ordinary path, which reports it
+            return None
+        self.counters.add("direct.remembered")
+        self.counters.add("direct.ok", len(located))
+        self.counters.add("direct.bytes", sum(loc.size for loc in located))
+        self._io.call_soon(self._touch_soon, list(keys))
+        return [BatchItem(index, ItemStatus.OK, loc.size) for index, loc in enumerate(located)]
 
     async def list_keys(
         self,

@@ -203,7 +203,8 @@ class _LandingSink:
 
 class _Receiver:
     """Direct (unstaged) fetches of a list of chunks into MemoryObjs; ``into``/``on_item`` run on the
-    client's I/O thread. Every MemoryObj it allocates is either taken by ``take`` or freed."""
+    client's I/O thread, or on LMCache's for chunks read there (``_read_here``). Every MemoryObj it
+    allocates is either taken by ``take`` or freed."""
 
     def __init__(self, conn: KvgwConnector, count: int) -> None:
         self._c = conn
@@ -477,7 +478,26 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
                     objs.append(landing.obj)
                     landing.obj = None
                 return objs
+        here = await self._read_here(names)
+        if here is not None:
+            return here
         return await self._on_io(self._fetch(names), _release_all)
+
+    async def _read_here(self, names: list[str]) -> list[MemoryObj | None] | None:
+        """Chunks this client holds leased and located, read right here on LMCache's loop
+        (``KvgwClient.read_remembered``); None: nothing kept, take the I/O loop's path."""
+        if self._prefetcher is not None and any(map(self._prefetcher.tracks, names)):
+            return None
+        receiver = _Receiver(self, len(names))
+        try:
+            items = await self._client.read_remembered(names, receiver.into)
+            if items is None:
+                return None
+            for item in items:
+                receiver.on_item(item)
+            return [receiver.take(j) for j in range(len(names))]
+        finally:
+            receiver.release()
 
     def support_batched_get_non_blocking(self) -> bool:
         return True

@@ -4,7 +4,9 @@ batch-get, so a damaged or vanished file never yields wrong bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -165,6 +167,50 @@ def test_a_read_under_a_lease_asks_nothing_before_its_bytes_and_still_verifies(
         assert proxy.ops("batch_get") == 1 and proxy.ops("locate") == 1
         assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 3
         assert proxy.ops("locate") == 2  # what the failed read knew was dropped
+    finally:
+        client.close()
+
+
+def test_remembered_files_are_read_on_the_callers_own_loop(
+    proxy: HttpFaultProxy, shared_server: ServerProcess, names: Callable[[str], str]
+) -> None:
+    """``read_remembered`` reads leased, located chunks on the loop that awaits it, not the client's I/O
+    loop, verified; it reads nothing it does not hold leased and located, and gives up (None) on a
+    refused buffer or a failed read, leaving the ordinary path to decide."""
+    settings = fast_settings(proxy.url, lease_ms=5000, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
+    client = KvgwClient(settings)
+    try:
+        keys = [names(str(i)) for i in range(3)]
+        for key in keys:
+            client.blocking.put(key, key.encode() * 1000)
+        assert asyncio.run(client.read_remembered(keys, Buffers())) is None  # not leased
+        assert client.blocking.prefix(keys) == 3
+        assert asyncio.run(client.read_remembered(keys, Buffers())) is None  # leased, not located
+        assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 3  # locates them
+
+        threads: list[str] = []
+        into = Buffers()
+
+        def recording(index: int, length: int) -> memoryview:
+            threads.append(threading.current_thread().name)
+            return into(index, length)
+
+        items = asyncio.run(client.read_remembered(keys, recording))
+        assert items is not None and [item.status for item in items] == [ItemStatus.OK] * 3
+        assert [bytes(into.bufs[i]) for i in range(3)] == [key.encode() * 1000 for key in keys]
+        assert threads == [threading.current_thread().name] * 3  # this thread's loop, not the I/O loop's
+        assert proxy.ops("locate") == 1 and proxy.ops("batch_get") == 0
+        wait_for(lambda: proxy.ops("touch") == 1)  # reported like any direct read
+        assert asyncio.run(client.read_remembered(keys, lambda index, length: None)) is None  # refused
+
+        assert client.blocking.delete(keys[1])
+        new = os.urandom(len(keys[1]) * 1000)  # the same size: the remembered location still fits it
+        client.blocking.put(keys[1], new)
+        assert asyncio.run(client.read_remembered(keys, Buffers())) is None  # its checksum did not match
+        assert client.stats()["counters"]["direct.remembered_retried"] == 1  # type: ignore[index]
+        into = Buffers()
+        assert client.blocking.batch_get_into(keys, into) == [ItemStatus.OK] * 3
+        assert bytes(into.bufs[1]) == new  # the ordinary path fetched it through the gateway
     finally:
         client.close()
 

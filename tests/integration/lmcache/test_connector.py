@@ -140,6 +140,11 @@ def test_direct_reads_round_trip(
     client = connector(worker).client
     assert client.counters.get("direct.ok") == n and client.counters.get("batch_get.bytes") == 0
     le.release(got)
+    # the lookup's lease still covers them and their files are located: read on LMCache's own loop
+    again = worker.retrieve(keys)
+    assert [le.digest(obj) for obj in again] == digests
+    assert client.counters.get("direct.remembered") == 1 and client.counters.get("direct.ok") == 2 * n
+    le.release(again)
     assert_all_memory_back(worker, free)
 
 
