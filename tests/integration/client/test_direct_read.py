@@ -5,10 +5,11 @@ batch-get, so a damaged or vanished file never yields wrong bytes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -34,6 +35,24 @@ def direct_client(
     proxy: HttpFaultProxy, shared_server: ServerProcess, make_client: Callable[..., KvgwClient]
 ) -> KvgwClient:
     return make_client(proxy.url, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
+
+
+@contextlib.contextmanager
+def leasing_client(proxy: HttpFaultProxy, server: ServerProcess) -> Iterator[KvgwClient]:
+    """A client reading the server's chunk files directly, whose lookups take 5 s read leases."""
+    client = KvgwClient(fast_settings(proxy.url, lease_ms=5000,
+                                      direct_read_root=str((server.data_dir / "fs").resolve())))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def stored(client: KvgwClient, keys: list[str], repeat: int = 1000) -> list[str]:
+    """``keys``, each stored with its own name repeated as its bytes."""
+    for key in keys:
+        client.blocking.put(key, key.encode() * repeat)
+    return keys
 
 
 class Buffers:
@@ -143,12 +162,8 @@ def test_a_read_under_a_lease_asks_nothing_before_its_bytes_and_still_verifies(
     """Leased keys located once are read again without a ``locate`` (the reads are reported by a
     ``touch`` after them); a chunk deleted and written anew under the same key fails the remembered
     checksum and comes through batch-get, and is located again the next time."""
-    settings = fast_settings(proxy.url, lease_ms=5000, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
-    client = KvgwClient(settings)
-    try:
-        keys = [names(str(i)) for i in range(3)]
-        for key in keys:
-            client.blocking.put(key, key.encode() * 1000)
+    with leasing_client(proxy, shared_server) as client:
+        keys = stored(client, [names(str(i)) for i in range(3)])
         assert client.blocking.prefix(keys) == 3
         for _ in range(2):
             into = Buffers()
@@ -167,8 +182,6 @@ def test_a_read_under_a_lease_asks_nothing_before_its_bytes_and_still_verifies(
         assert proxy.ops("batch_get") == 1 and proxy.ops("locate") == 1
         assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 3
         assert proxy.ops("locate") == 2  # what the failed read knew was dropped
-    finally:
-        client.close()
 
 
 def test_remembered_files_are_read_on_the_callers_own_loop(
@@ -177,12 +190,8 @@ def test_remembered_files_are_read_on_the_callers_own_loop(
     """``read_remembered`` reads leased, located chunks on the loop that awaits it, not the client's I/O
     loop, verified; it reads nothing it does not hold leased and located, and gives up (None) on a
     refused buffer or a failed read, leaving the ordinary path to decide."""
-    settings = fast_settings(proxy.url, lease_ms=5000, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
-    client = KvgwClient(settings)
-    try:
-        keys = [names(str(i)) for i in range(3)]
-        for key in keys:
-            client.blocking.put(key, key.encode() * 1000)
+    with leasing_client(proxy, shared_server) as client:
+        keys = stored(client, [names(str(i)) for i in range(3)])
         assert asyncio.run(client.read_remembered(keys, Buffers())) is None  # not leased
         assert client.blocking.prefix(keys) == 3
         assert asyncio.run(client.read_remembered(keys, Buffers())) is None  # leased, not located
@@ -211,8 +220,6 @@ def test_remembered_files_are_read_on_the_callers_own_loop(
         into = Buffers()
         assert client.blocking.batch_get_into(keys, into) == [ItemStatus.OK] * 3
         assert bytes(into.bufs[1]) == new  # the ordinary path fetched it through the gateway
-    finally:
-        client.close()
 
 
 def test_reads_reported_by_one_touch_per_window_and_the_rest_on_close(
@@ -222,13 +229,9 @@ def test_reads_reported_by_one_touch_per_window_and_the_rest_on_close(
     still unreported when the client closes is sent then. The window is made an hour long here, so no
     timer fires during the test: every report comes from the close."""
     monkeypatch.setattr(KvgwClient, "_touch_delay", lambda self: 3600.0)
-    settings = fast_settings(proxy.url, lease_ms=5000, direct_read_root=str((shared_server.data_dir / "fs").resolve()))
-    client = KvgwClient(settings)
-    try:
-        runs = [[names(f"{run}-{i}") for i in range(2)] for run in "ab"]
+    with leasing_client(proxy, shared_server) as client:
+        runs = [stored(client, [names(f"{run}-{i}") for i in range(2)], 500) for run in "ab"]
         for keys in runs:
-            for key in keys:
-                client.blocking.put(key, key.encode() * 500)
             assert client.blocking.prefix(keys) == 2
             assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 2  # located
         for _ in range(3):
@@ -236,8 +239,6 @@ def test_reads_reported_by_one_touch_per_window_and_the_rest_on_close(
                 assert client.blocking.batch_get_into(keys, Buffers()) == [ItemStatus.OK] * 2  # not located
         assert proxy.ops("locate") == 2 and proxy.ops("touch") == 0
         assert client.stats()["counters"]["direct.located_before"] == 6  # type: ignore[index]
-    finally:
-        client.close()
     assert proxy.ops("touch") == 1  # six reads of four keys, reported in one call
 
 
