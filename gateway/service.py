@@ -194,13 +194,12 @@ class ChunkService:
     def _absent_now(self, digests: list[bytes]) -> bool:
         """Whether ``_fall_through_many`` would find none of ``digests``, known without waiting."""
         todo = [digest for digest, entry in zip(digests, self._index.get_many(digests), strict=True) if entry is None]
-        for bit in _READ_PREFERENCE:
-            tier = self._tiers.get(bit)
-            if not todo or tier is None or (bit == TierId.S3 and not self._settings.s3_lookup_on_miss):
-                continue
-            if not tier.absent_now(todo):
-                return False
-        return True
+        return not todo or all(tier.absent_now(todo) for _, tier in self._miss_tiers())
+
+    def _miss_tiers(self) -> list[tuple[TierId, Tier]]:
+        """The tiers an index miss is looked up in, in read order (S3 only with ``s3_lookup_on_miss``)."""
+        return [(bit, tier) for bit in _READ_PREFERENCE if (tier := self._tiers.get(bit)) is not None
+                and (bit != TierId.S3 or self._settings.s3_lookup_on_miss)]
 
     def _readable(self, digest: bytes, entry: IndexEntry, now: float) -> bool:
         """Alive, or expired under a read lease this process granted (``LeaseBook.leased_here``)."""
@@ -369,10 +368,9 @@ class ChunkService:
         entries = self._index.get_many(digests)
         todo = [i for i, entry in enumerate(entries) if entry is None]
         out: list[ChunkInfo | None] = [None] * len(digests)
-        for bit in _READ_PREFERENCE:
-            tier = self._tiers.get(bit)
-            if not todo or tier is None or (bit == TierId.S3 and not self._settings.s3_lookup_on_miss):
-                continue
+        for bit, tier in self._miss_tiers():
+            if not todo:
+                break
             try:
                 metas = await tier.stat_many([digests[i] for i in todo])
             except backend.TierUnavailable as exc:

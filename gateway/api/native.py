@@ -179,7 +179,7 @@ class NativeAPI:
         computed without awaiting anything, for the lookup lane (``gateway.api.lane``).
 
         None when the request needs anything more: any error, a credential or bucket the view does not
-        hold yet, a key the index does not hold alive (the tiers must be asked), a lease. Nothing was
+        hold yet, a miss only a tier's answer settles (``Tier.absent_now``), a lease. Nothing was
         counted or changed then, and the request must be answered by this API's ASGI path, the one
         place that decides errors and misses. Never raises."""
         authorization: str | None = None
@@ -377,7 +377,8 @@ class NativeAPI:
             found = self.service.exists_now(bucket, keys)
             if found is None:
                 return None
-            hits, misses, doc = sum(found), len(found) - sum(found), {"exists": found}
+            hits = sum(found)
+            misses, doc = len(found) - hits, {"exists": found}
         else:
             length = self.service.prefix_now(bucket, keys)
             if length is None:
