@@ -7,7 +7,10 @@
   ``python -m gateway.bench.baselines --port N`` runs it.
 - ``serve_raw`` / ``RawResponder``: a minimal raw-socket HTTP responder answering canned bytes, the floor
   for a lookup's round trip (``--raw``), and with ``--stream`` for a bulk read: N bytes held in memory
-  written on one keep-alive connection, the physical limit of one loopback stream (``batch-get``).
+  written on one keep-alive connection, the physical limit of one loopback stream (``batch-get``). With
+  ``--files DIR`` it is also the **verified sender** (``VerifiedFiles``): chunk files mapped and their
+  xxh3-64 checked before they are written, with nothing else around it: the floor of any server that
+  verifies the bytes it reads from files, as kvgw does by default (GET, ``batch-get``).
 - ``raw_write_op`` / ``raw_read_op``: the same bytes written (temp file, fsync, link, fsync dir) and
   read (``readinto`` a preallocated buffer) straight from Python, the reference for PUT and GET.
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from backends.fileio import fsync_dir
+from backends.posix import FOLIO_BYTES
 from gateway.bench import procstat
 from gateway.bench.launcher import free_port, stop_process, wait_until
 from gateway.bench.loadgen import Address, LoadRequest, Op, Stats, request_once, run_load
@@ -202,14 +206,17 @@ class RawResponder(BaselineProcess):
     """``serve_raw``: the floor for an HTTP lookup here (issue 14): a keep-alive connection, the request
     read up to the end of its body, canned answer bytes written back, nothing else. ``streams`` maps a
     path part to a byte count: such requests are answered with that many bytes, the floor for a bulk
-    read over one connection (batch-get)."""
+    read over one connection (batch-get). ``files``: a directory the verified sender serves
+    (``VerifiedFiles``)."""
 
     name = "raw-responder"
 
-    def __init__(self, workdir: Path, answers: dict[str, bytes], streams: dict[str, int] | None = None) -> None:
+    def __init__(self, workdir: Path, answers: dict[str, bytes], streams: dict[str, int] | None = None,
+                 files: Path | None = None) -> None:
         super().__init__(workdir)
         self.answers = answers
         self.streams = streams or {}
+        self.files = files
 
     def start(self) -> RawResponder:
         args = ["--raw"]
@@ -217,6 +224,8 @@ class RawResponder(BaselineProcess):
             args += ["--answer", f"{path_part}={body.decode()}"]
         for path_part, size in self.streams.items():
             args += ["--stream", f"{path_part}={size}"]
+        if self.files is not None:
+            args += ["--files", str(self.files)]
         self._spawn(args, "/probe")
         return self
 
@@ -242,7 +251,64 @@ def read_streams(address: Address, request: LoadRequest, body_bytes: int, *, dur
     return run_load(address, lambda i, seq: request, 1, duration=duration, count=count, body_buffer_bytes=body_bytes)
 
 
-def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
+FILES_PATH = "/files/"  # the verified sender: GET /files/<path under its directory>
+FILES_BATCH_PATH = "/files-batch/"  # ... and /files-batch/<folder>: every file in it, framed as a batch-get
+
+
+def files_target(relative: str) -> str:
+    """The verified sender's path for one file under its directory (``relative`` uses ``/``)."""
+    return FILES_PATH + relative
+
+
+def files_batch_request(folder: str, body: bytes | memoryview | None) -> LoadRequest:
+    """A request the verified sender answers with every file of ``folder`` (name order) framed as a
+    batch-get; ``body`` is not read, only skipped: pass a real batch-get's so both move the same bytes."""
+    return LoadRequest("POST", FILES_BATCH_PATH + folder, body=body, headers=[("Content-Type", "application/json")])
+
+
+class VerifiedFiles:
+    """The verified sender's work per request, and nothing more: open, map (``MAP_POPULATE``, as kvgw's
+    filesystem tier maps a chunk), xxh3-64 the mapping against the value its first read found, write the
+    mapping. No thread hops, no index, no framework, all on the event loop: the least a Python server
+    that verifies the bytes it serves from files can spend, so kvgw's GET and batch-get can be measured
+    against it (and against nginx's ``sendfile``, which verifies nothing)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.checksums: dict[str, int] = {}  # path -> xxh3-64 of the first read (files never change)
+
+    def mapped(self, path: str) -> memoryview:
+        import mmap
+
+        import xxhash
+
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            view = memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ))
+        finally:
+            os.close(fd)
+        digest = xxhash.xxh3_64_intdigest(view)
+        if self.checksums.setdefault(path, digest) != digest:
+            raise OSError(f"{path}: checksum mismatch")
+        return view
+
+    def answer(self, target: str) -> list[bytes | memoryview]:
+        """The response to a GET of ``target`` (``FILES_PATH`` or ``FILES_BATCH_PATH``), head first."""
+        if target.startswith(FILES_BATCH_PATH):
+            folder = self.root / target.removeprefix(FILES_BATCH_PATH)
+            views = [self.mapped(str(p)) for p in sorted(folder.iterdir())]
+            parts: list[bytes | memoryview] = [wire.encode_batch_header(len(views))]
+            for view in views:
+                parts += [wire.encode_frame_header(wire.FRAME_OK, view.nbytes), view]
+            parts.append(wire.encode_batch_trailer(len(views)))
+        else:
+            parts = [self.mapped(str(self.root / target.removeprefix(FILES_PATH)))]
+        length = sum(len(p) for p in parts)
+        return [b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % length, *parts]
+
+
+def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None) -> None:
     """Answer every request on 127.0.0.1:``port`` with the body of the first ``answers`` key found in
     its request line (``ok`` otherwise; a HEAD with a head alone, as for a 4 KiB chunk): an asyncio
     protocol on uvloop, as kvgw runs, that finds the end of the headers and the Content-Length and
@@ -251,7 +317,9 @@ def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
     A bulk answer (``--stream``) is canned too: its bytes sit in this process's memory and go out with
     one ``transport.write``, so nothing but the socket is between them and the client. Measured here,
     one loopback stream carried ~4 GB/s from memory against ~2.3 GB/s ``sendfile``-d from a page-cache-
-    warm file, so memory is the faster sender, hence the honest ceiling for a server's stream."""
+    warm file, so memory is the faster sender, hence the honest ceiling for a server's stream.
+
+    With ``files``, requests for ``FILES_PATH`` / ``FILES_BATCH_PATH`` are answered by ``VerifiedFiles``."""
     import asyncio
 
     import uvloop
@@ -259,6 +327,8 @@ def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
     canned = [(part, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
                % len(body) + body) for part, body in answers.items()]
     head_answer = b"HTTP/1.1 200 OK\r\ncontent-length: 4096\r\n\r\n"  # a HEAD: a head alone
+    sender = None if files is None else VerifiedFiles(files)
+    file_prefixes = (FILES_PATH.encode(), FILES_BATCH_PATH.encode())
 
     class Responder(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -275,7 +345,10 @@ def serve_raw(port: int, answers: dict[bytes, bytes]) -> None:
                 if len(buffer) < end + 4 + length:
                     return
                 line = head.split(b"\r\n", 1)[0]
-                if line.startswith(b"head "):
+                target = bytes(buffer[:end]).split(b" ", 2)[1]  # not lower-cased: a file name
+                if sender is not None and target.startswith(file_prefixes):
+                    self.transport.writelines(sender.answer(target.decode()))
+                elif line.startswith(b"head "):
                     self.transport.write(head_answer)
                 else:
                     self.transport.write(next((r for part, r in canned if part in line), canned[-1][1]))
@@ -299,11 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="--raw: answer requests whose request line holds PATH_PART with BODY")
     parser.add_argument("--stream", action="append", default=[], metavar="PATH_PART=BYTES",
                         help="--raw: answer requests whose request line holds PATH_PART with BYTES random bytes")
+    parser.add_argument("--files", type=Path, help=f"--raw: serve this directory's files, verified, under "
+                                                   f"{FILES_PATH} and {FILES_BATCH_PATH}")
     args = parser.parse_args(argv)
     if args.raw:
         answers = {k.encode(): v.encode() for k, v in (item.split("=", 1) for item in args.answer)}
         answers |= {k.encode(): os.urandom(int(n)) for k, n in (item.split("=", 1) for item in args.stream)}
-        serve_raw(args.port, answers | {b"/": b"ok"})
+        serve_raw(args.port, answers | {b"/": b"ok"}, args.files)
         return 0
     app = dict_app(dict.fromkeys(item_keys(args.keys), args.size))
     uvicorn.run(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools", lifespan="on",
@@ -313,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # -- raw file I/O from Python --------------------------------------------------------------------
 
-WRITE_PIECE = 1 << 20  # measured here: 1 MiB writes cost ~half the CPU of one 8 MiB write (kvgw writes 1 MiB)
+WRITE_PIECE = FOLIO_BYTES  # as the filesystem tier writes: aligned 2 MiB pieces, so the page cache holds 2 MiB folios
 
 
 def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,

@@ -14,6 +14,10 @@ What runs (all on loopback, all started here and stopped afterwards):
   as many bytes as kvgw's batch-get of BATCH_CHUNKS x BATCH_CHUNK answers, written from memory on the
   one connection: the physical limit of one loopback stream, which kvgw's batch-get is measured
   against with the same client reading both to the end into one buffer;
+- the same responder as the **verified sender** (``baselines.VerifiedFiles``): nginx's files, and the
+  batch-get's chunks as files, mapped and xxh3-checked on its event loop and written, nothing else: the
+  floor of a server that verifies the bytes it serves from files (kvgw does by default; nginx does not),
+  for GET and batch-get;
 - raw file write (temp file, fsync, link, fsync dir) and read (``readinto``) of the same bytes, from
   Python threads, in that temp dir (their CPU is this process's, measured over the same window).
 
@@ -58,6 +62,8 @@ from gateway.bench.baselines import (
     RawResponder,
     batch_request,
     batch_stream_bytes,
+    files_batch_request,
+    files_target,
     find_nginx,
     item_keys,
     raw_read_op,
@@ -89,6 +95,8 @@ RAW_WRITE_NOFSYNC = "raw write+link"
 FASTAPI = "FastAPI dict route"
 RAW_RESPONDER = "raw-socket responder"
 RAW_STREAM = "raw socket stream"
+VERIFIED_SENDER = "verified sender"
+BATCH_FOLDER = "batch"  # the batch-get's chunks as files under www/, for the verified sender
 BATCH_GET = f"batch-get {BATCH_CHUNKS} x {BATCH_CHUNK // MiB} MiB"
 OPS = ("put", "get", "small", "batch")  # --ops: PUT cells, GET cells + memory phase, HEAD / exists / prefix
 # cells, the batch-get cell
@@ -249,17 +257,25 @@ class Bench:
         """BATCH_CHUNKS distinct chunks for the batch-get cell, then one batch-get of them: it warms the
         page cache and checks that kvgw answers as many bytes as the raw stream sends."""
         buf = bytearray(os.urandom(BATCH_CHUNK))
+        folder = self.work / "www" / BATCH_FOLDER
+        folder.mkdir(parents=True, exist_ok=True)
         for i in range(BATCH_CHUNKS):
             buf[:8] = i.to_bytes(8, "little")
             self.batch_keys.append(f"batch-{self.run_id}-{i}")
             self.put(self.batch_keys[-1], buf)
-        req = batch_request(BUCKET, self.batch_keys)
+            (folder / f"obj{i:03d}").write_bytes(buf)
+        batch = batch_request(BUCKET, self.batch_keys)
         want = batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)
-        for server in (self.kvgw.address, self.responder.address):
+        for server, req in ((self.kvgw.address, batch), (self.responder.address, batch),
+                            (self.responder.address, self.files_batch_request())):
             got = read_streams(server, req, want, count=1)
             if got.errors or got.bytes != req.body_length + want:
                 raise RuntimeError(f"batch-get from {server} moved {got.bytes - req.body_length} bytes, "
                                    f"expected {want}: {got.error_samples[:1]}")
+
+    def files_batch_request(self) -> LoadRequest:
+        """The verified sender's batch: the same chunks, with the same request body as kvgw's batch-get."""
+        return files_batch_request(BATCH_FOLDER, batch_request(BUCKET, self.batch_keys).body)
 
     def meta_keys(self) -> list[str]:
         return [f"meta-{self.run_id}-{i:04d}" for i in range(META_KEYS)]
@@ -337,6 +353,15 @@ class Bench:
                              duration=self.duration()),
             self.nginx.pids())
 
+    def get_verified(self, size: int, clients: int) -> Callable[[int], Sample]:
+        reqs = [LoadRequest("GET", files_target(f"{size}/{p.name}")) for p in self.www_files[size]]
+        n = len(reqs)
+        return lambda rnd: self.measure(
+            VERIFIED_SENDER, "GET", size, clients, rnd,
+            lambda: run_load(self.responder.address, lambda i, seq: reqs[(i + seq) % n], clients,
+                             duration=self.duration()),
+            self.responder.pids())
+
     def get_raw(self, size: int, clients: int) -> Callable[[int], Sample]:
         opener = raw_read_op(self.www_files[size], size)
         return lambda rnd: self.measure(RAW_READ, "GET", size, clients, rnd,
@@ -361,9 +386,11 @@ class Bench:
             lambda: run_load(self.responder.address, lambda i, seq: req, clients, duration=self.duration()),
             self.responder.pids())
 
-    def batch(self, target: str, address: Address, pids: Callable[[], list[int]]) -> Callable[[int], Sample]:
-        """The batch-get cell's runs: kvgw's batch-get, or the raw socket stream, read the same way."""
-        req = batch_request(BUCKET, self.batch_keys)
+    def batch(self, target: str, address: Address, pids: Callable[[], list[int]],
+              req: LoadRequest | None = None) -> Callable[[int], Sample]:
+        """The batch-get cell's runs: kvgw's batch-get, the raw socket stream or the verified sender
+        (``req``), read the same way."""
+        req = req or batch_request(BUCKET, self.batch_keys)
         size = batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)
         return lambda rnd: self.measure(target, BATCH_GET, BATCH_PAYLOAD, 1, rnd,
                                         lambda: read_streams(address, req, size, duration=self.duration()), pids())
@@ -398,6 +425,7 @@ class Bench:
         for size in sizes if "get" in ops else ():
             for c in clients:
                 out.append(Cell("GET", size, c, [(KVGW, self.get_kvgw(size, c)), (NGINX, self.get_nginx(size, c)),
+                                                 (VERIFIED_SENDER, self.get_verified(size, c)),
                                                  (RAW_READ, self.get_raw(size, c))]))
         for c in clients if "small" in ops else ():
             runs = [(KVGW, self.meta_kvgw("HEAD", c)), (FASTAPI, self.head_fastapi(c)), (NGINX, self.head_nginx(c))]
@@ -407,7 +435,9 @@ class Bench:
         if "batch" in ops:
             out.append(Cell(BATCH_GET, BATCH_PAYLOAD, 1, [
                 (KVGW, self.batch(KVGW, self.kvgw.address, self.kvgw.pids)),
-                (RAW_STREAM, self.batch(RAW_STREAM, self.responder.address, self.responder.pids))]))
+                (RAW_STREAM, self.batch(RAW_STREAM, self.responder.address, self.responder.pids)),
+                (VERIFIED_SENDER, self.batch(VERIFIED_SENDER, self.responder.address, self.responder.pids,
+                                             self.files_batch_request()))]))
         return out
 
     # -- special phases --
@@ -678,7 +708,7 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
         rows.clear()
 
     pairs = [("PUT", KVGW, RAW_WRITE), ("PUT", KVGW_NOFSYNC, RAW_WRITE_NOFSYNC), ("GET", KVGW, NGINX),
-             ("GET", KVGW, RAW_READ)]
+             ("GET", KVGW, VERIFIED_SENDER), ("GET", KVGW, RAW_READ)]
     for op, mine, base in pairs:
         for size in args.sizes:
             for c in args.clients:
@@ -701,11 +731,17 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 continue
             ratio = paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
             ceiling = cpu_bound_ceiling(samples, (KVGW, "GET"), (NGINX, "GET"), size, c)
+            v = figures.get((VERIFIED_SENDER, "GET", size, c))
+            v_cpu = "-" if v is None or v.cpu_per_gib is None else f"{v.cpu_per_gib:.3f}"
+            floor = paired_ratio(samples, (VERIFIED_SENDER, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
+            over_floor = paired_ratio(samples, (KVGW, "GET"), (VERIFIED_SENDER, "GET"), size, c, cpu_per_gib)
             row(f"| {fmt_size(size)} | {c} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} | {fmt_ratio(ratio)} "
-                f"| {fmt_ratio(ceiling)} |")
+                f"| {fmt_ratio(ceiling)} | {v_cpu} | {fmt_ratio(floor)} | {fmt_ratio(over_floor)} |")
     table("Server CPU per GiB served by GET (process utime+stime; nginx = master + workers); ceiling: the "
-          "highest kvgw / nginx throughput when both saturate the cores, load generator's CPU included",
-          "size", "clients", "kvgw CPU s/GiB", "nginx CPU s/GiB", "kvgw / nginx", "CPU-bound ceiling")
+          "highest kvgw / nginx throughput when both saturate the cores, load generator's CPU included; "
+          "verified sender: the floor of a server that verifies what it reads (maps, hashes, writes; one thread)",
+          "size", "clients", "kvgw CPU s/GiB", "nginx CPU s/GiB", "kvgw / nginx", "CPU-bound ceiling",
+          "verified sender CPU s/GiB", "verified sender / nginx", "kvgw / verified sender")
     for mine, raw, fsync in ((KVGW, RAW_WRITE, "on"), (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, "off")):
         for size in args.sizes:
             for c in args.clients:
@@ -737,16 +773,25 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
     kvgw_batch, stream = figures.get((KVGW, BATCH_GET, BATCH_PAYLOAD, 1)), figures.get((RAW_STREAM, BATCH_GET,
                                                                                          BATCH_PAYLOAD, 1))
     if kvgw_batch is not None and stream is not None:
-        for name, f in ((KVGW, kvgw_batch), (RAW_STREAM, stream)):
+        verified = figures.get((VERIFIED_SENDER, BATCH_GET, BATCH_PAYLOAD, 1))
+        for name, f in ((KVGW, kvgw_batch), (RAW_STREAM, stream), (VERIFIED_SENDER, verified)):
+            if f is None:
+                continue
             client = median_of(samples, name, BATCH_GET, BATCH_PAYLOAD, 1, client_cpu_per_gib)
             err = f" ({f.errors} errors!)" if f.errors else ""
             row(f"| {name} | {f.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(f.p50)} / {fmt_ms(f.p99)} "
                 f"| {f.cpu_per_gib or float('nan'):.3f} | {client or float('nan'):.3f} |")
         table(f"{BATCH_GET} warm chunks in one call, beside a raw socket stream of as many bytes written from memory "
-              "(one client reading each answer to its end into one buffer; CPU: server process, client thread)",
+              "and the verified sender of the same chunks as files (one client reading each answer to its end "
+              "into one buffer; CPU: server process, client thread)",
               "target", "MB/s", "p50 / p99 ms", "server CPU s/GiB", "client CPU s/GiB")
-        ratio = paired_ratio(samples, (KVGW, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1, throughput)
-        add(f"kvgw / raw socket stream throughput: {fmt_ratio(ratio)}")
+        for base in (RAW_STREAM, VERIFIED_SENDER):
+            ratio = paired_ratio(samples, (KVGW, BATCH_GET), (base, BATCH_GET), BATCH_PAYLOAD, 1, throughput)
+            add(f"kvgw / {base} throughput: {fmt_ratio(ratio)}")
+        floor = paired_ratio(samples, (VERIFIED_SENDER, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1,
+                             throughput)
+        add(f"{VERIFIED_SENDER} / {RAW_STREAM} throughput: {fmt_ratio(floor)} (what verifying file bytes leaves "
+            "of the stream, with no server around it)")
         add("")
     if rss is not None:
         peak_note = "" if rss["peak_reset"] else " (lifetime peak: reset refused)"
@@ -851,7 +896,7 @@ def main(argv: list[str]) -> int:
         fastapi = FastAPIApp(work / "fastapi", META_KEYS, META_CHUNK_BYTES).start()
         procs.append(fastapi)
         streams = {"/batch-get": batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)} if "batch" in args.ops else {}
-        responder = RawResponder(work / "responder", lookup_answers(), streams).start()
+        responder = RawResponder(work / "responder", lookup_answers(), streams, files=work / "www").start()
         procs.append(responder)
         bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder)
         print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "

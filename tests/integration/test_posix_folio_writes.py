@@ -1,0 +1,57 @@
+"""The filesystem tier writes a chunk's bytes in whole, aligned ``FOLIO_BYTES`` pieces (so the page cache
+builds 2 MiB folios, which reads map and copy far more cheaply), whatever sizes its caller's pieces
+have, and the bytes that land are exactly the ones written. A real directory, real syscalls; the
+writes are observed at ``write_all``, where the tier hands them to ``os.writev``."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from backends import fileio, posix
+from backends.base import ChunkMeta
+from backends.posix import FOLIO_BYTES, PosixTier, split_at
+from kvgw_client.keys import chunk_digest
+
+
+def test_split_at_cuts_without_copying() -> None:
+    data = bytes(range(10))
+    pieces: list[bytes | memoryview] = [data[:3], data[3:7], data[7:]]
+    for size in range(11):
+        head, rest = split_at(pieces, size)
+        assert b"".join(head) == data[:size]
+        assert b"".join(rest) == data[size:]
+    head, rest = split_at(pieces, 5)
+    assert isinstance(head[-1], memoryview) and head[-1].obj is pieces[1]  # a view of the piece, not a copy
+
+
+@pytest.mark.parametrize("piece", [65_536, 1_000_003, 3 * FOLIO_BYTES + 7])
+async def test_staged_bytes_reach_the_file_in_aligned_folio_pieces(tmp_path: Path, piece: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    writes: list[tuple[int, int]] = []  # (file offset, bytes) of every write_all the tier makes
+    real_write_all = fileio.write_all
+
+    def recording_write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
+        writes.append((os.lseek(fd, 0, os.SEEK_CUR), sum(len(p) for p in pieces)))
+        real_write_all(fd, pieces)
+
+    monkeypatch.setattr(posix, "write_all", recording_write_all)
+    tier = PosixTier(tmp_path / "tier", fsync=False)
+    data = random.Random(piece).randbytes(4 * FOLIO_BYTES + 12_345)
+    digest = chunk_digest("kvcache", f"aligned-{piece}")
+    staged = await tier.stage(digest)
+    for at in range(0, len(data), piece):
+        await staged.write(data[at:at + piece])
+    meta = ChunkMeta(bucket="kvcache", key=f"aligned-{piece}", size=len(data),
+                     checksum=xxhash.xxh3_64_intdigest(data), created=1.0)
+    assert await staged.publish(meta)
+    *body_writes, (last_offset, _) = writes  # the last write carries the tail and the footer
+    assert body_writes, "a chunk larger than a folio is written while it is received"
+    assert all(offset % FOLIO_BYTES == 0 and length % FOLIO_BYTES == 0 for offset, length in body_writes)
+    assert last_offset == len(data) // FOLIO_BYTES * FOLIO_BYTES
+    assert bytes(await tier.read(digest, 0, len(data))) == data
+    await tier.close()
