@@ -277,7 +277,8 @@ class VerifiedFiles:
         self.root = root
         self.checksums: dict[str, int] = {}  # path -> xxh3-64 of the first read (files never change)
 
-    def mapped(self, path: str) -> memoryview:
+    def mapped(self, path: str) -> tuple[memoryview, int]:
+        """The file's bytes (a mapping) and their xxh3-64; OSError if they changed since the first read."""
         import mmap
 
         import xxhash
@@ -291,19 +292,20 @@ class VerifiedFiles:
         digest = xxhash.xxh3_64_intdigest(view)
         if self.checksums.setdefault(path, digest) != digest:
             raise OSError(f"{path}: checksum mismatch")
-        return view
+        return view, digest
 
     def answer(self, target: str) -> list[bytes | memoryview]:
-        """The response to a GET of ``target`` (``FILES_PATH`` or ``FILES_BATCH_PATH``), head first."""
+        """The response to a GET of ``target`` (``FILES_PATH`` or ``FILES_BATCH_PATH``), head first. A
+        batch is framed as kvgw frames one (``kvgw_client.wire``), so kvgw's client can parse it."""
         if target.startswith(FILES_BATCH_PATH):
             folder = self.root / target.removeprefix(FILES_BATCH_PATH)
-            views = [self.mapped(str(p)) for p in sorted(folder.iterdir())]
-            parts: list[bytes | memoryview] = [wire.encode_batch_header(len(views))]
-            for view in views:
-                parts += [wire.encode_frame_header(wire.FRAME_OK, view.nbytes), view]
-            parts.append(wire.encode_batch_trailer(len(views)))
+            files = [self.mapped(str(p)) for p in sorted(folder.iterdir())]
+            parts: list[bytes | memoryview] = [wire.encode_batch_header(len(files))]
+            for view, digest in files:
+                parts += [wire.encode_frame_header(wire.FRAME_OK, view.nbytes, digest), view]
+            parts.append(wire.encode_batch_trailer(len(files)))
         else:
-            parts = [self.mapped(str(self.root / target.removeprefix(FILES_PATH)))]
+            parts = [self.mapped(str(self.root / target.removeprefix(FILES_PATH)))[0]]
         length = sum(len(p) for p in parts)
         return [b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % length, *parts]
 

@@ -4,11 +4,15 @@ the first path part its request line holds."""
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 
-from gateway.bench.baselines import RawResponder
-from gateway.bench.loadgen import LoadRequest, run_load
+import pytest
+
+from gateway.bench.baselines import RawResponder, files_batch_request, files_target
+from gateway.bench.loadgen import LoadRequest, ProtocolError, request_once, run_load
+from kvgw_client import wire
 
 
 def test_the_raw_responder_answers_each_request_with_its_canned_body(tmp_path: Path) -> None:
@@ -42,5 +46,30 @@ def test_a_stream_answer_is_that_many_bytes_on_the_same_connection(tmp_path: Pat
         stats = run_load(responder.address, lambda i, seq: req, 1, count=3, body_buffer_bytes=size)
         assert (stats.errors, stats.ops, stats.connects) == (0, 3, 1)
         assert stats.bytes == 3 * (req.body_length + size)
+    finally:
+        responder.stop()
+
+
+def test_the_verified_sender_serves_files_and_batches_and_refuses_changed_bytes(tmp_path: Path) -> None:
+    """``--files``: the verified sender ``kvgw bench io`` measures GET and batch-get against: a file's
+    bytes, a folder as a batch-get kvgw's own client parses (checksums included), and no answer once a
+    file's bytes differ from what its first read found."""
+    root = tmp_path / "www"
+    (root / "batch").mkdir(parents=True)
+    payloads = [random.Random(i).randbytes(300_000 if i else 3) for i in range(3)]
+    for i, payload in enumerate(payloads):
+        (root / "batch" / f"obj{i:03d}").write_bytes(payload)
+    responder = RawResponder(tmp_path, {"/exists": b'{"exists":[true]}'}, files=root).start()
+    try:
+        status, body = request_once(responder.address, LoadRequest("GET", files_target("batch/obj001")))
+        assert (status, body) == (200, payloads[1])
+        status, body = request_once(responder.address, files_batch_request("batch", b'{"keys": ["a"]}'))
+        parser = wire.BatchParser()
+        frames = list(parser.feed(body))
+        assert status == 200 and parser.complete
+        assert [bytes(f.payload) for f in frames] == payloads
+        (root / "batch" / "obj001").write_bytes(payloads[2])  # same name, other bytes: no answer
+        with pytest.raises(ProtocolError, match="closed"):
+            request_once(responder.address, LoadRequest("GET", files_target("batch/obj001")), timeout=5)
     finally:
         responder.stop()
