@@ -9,15 +9,42 @@ atomically and only if no chunk with that digest exists (create-if-absent). A st
 neither published nor discarded (a crash) leaves only staging garbage that ``cleanup_staging`` removes;
 a reader can never see a partial chunk.
 
-Reads trust nothing: the service verifies checksums itself; a tier only reports what it holds.
-Every method may raise the ``backends.errors`` tree and nothing else.
+Reads trust nothing: the service says which checksum a whole-chunk read must have (from its index) and
+the tier checks the bytes against it where it reads them (``check_bytes``), or the service hashes a
+stream itself; a tier only reports what it holds. Every method may raise the ``backends.errors`` tree
+and nothing else.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+import xxhash
+
+from backends.errors import ChunkCorrupt
+
+HASH_ON_LOOP_BYTES = 1 << 20  # larger buffers are hashed in a worker thread, off the event loop
+
+
+def check_bytes(data: bytes | memoryview, checksum: int | None) -> None:
+    """ChunkCorrupt unless ``data``'s xxh3-64 is ``checksum`` (None: nothing to check). Hashes on the
+    calling thread: a tier that reads in a worker thread calls it there, in the same step."""
+    if checksum is not None and xxhash.xxh3_64_intdigest(data) != checksum:
+        raise ChunkCorrupt("checksum mismatch")
+
+
+async def check_bytes_soon(data: bytes | memoryview, checksum: int | None) -> None:
+    """``check_bytes`` from the event loop: buffers over ``HASH_ON_LOOP_BYTES`` are hashed in a worker
+    thread (the first touch of mapped pages must not stall the loop)."""
+    if checksum is None:
+        return
+    if len(data) <= HASH_ON_LOOP_BYTES:
+        check_bytes(data, checksum)
+    else:
+        await asyncio.to_thread(check_bytes, data, checksum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +86,13 @@ class Tier(Protocol):
 
     async def stage(self, digest: bytes) -> StagedChunk: ...
 
-    async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
+                   ) -> bytes | memoryview:
         """Bytes ``[offset, offset+length)`` of the chunk's data; short only if the chunk is truncated.
+
+        With ``checksum``, the bytes are checked against it before they are returned (``check_bytes``;
+        ChunkCorrupt if they differ), in the same step that reads them where the tier can (one worker
+        thread call for a file, instead of one to read and one to hash).
 
         May be a read-only view of memory the tier manages (a file mapping): hold it no longer than
         the response that sends it.

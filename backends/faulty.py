@@ -164,9 +164,10 @@ class FaultyTier:
         await self.check("stage", digest)
         return FaultyStagedChunk(self, digest, await self.inner.stage(digest))
 
-    async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
+                   ) -> bytes | memoryview:
         await self.check("read", digest)
-        return await self.inner.read(digest, offset, length)
+        return await self.inner.read(digest, offset, length, checksum=checksum)
 
     async def stream(self, digest: bytes, offset: int, length: int, window: int
                      ) -> AsyncIterator[bytes | memoryview]:

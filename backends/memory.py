@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
-from backends.base import ChunkMeta
+from backends.base import ChunkMeta, check_bytes_soon
 from backends.errors import BackendError, ChunkCorrupt, ChunkNotFound
 
 
@@ -133,11 +133,13 @@ class MemoryTier:
         self.store.staging.add(staged)
         return staged
 
-    async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
+                   ) -> bytes | memoryview:
         if offset < 0 or length < 0:
             raise BackendError(f"read chunk: invalid range offset={offset} length={length}")
-        data = self._get(digest, "read chunk").data
-        return memoryview(data)[offset : offset + length]
+        data = memoryview(self._get(digest, "read chunk").data)[offset : offset + length]
+        await check_bytes_soon(data, checksum)
+        return data
 
     async def stream(self, digest: bytes, offset: int, length: int, window: int
                      ) -> AsyncIterator[bytes | memoryview]:

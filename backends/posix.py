@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from backends import chunkfile
-from backends.base import ChunkMeta
+from backends.base import ChunkMeta, check_bytes
 from backends.errors import BackendError
 from backends.fileio import LOCAL_FILESYSTEMS, filesystem_type, fsync_dir, pid_alive, run_io, write_all
 from backends.tiers import TierId
@@ -228,27 +228,32 @@ class PosixTier:
     def forget_staging(self, path: str) -> None:
         self._live_staging.discard(path)
 
-    async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
-        return await run_io(self._read_sync, self.path_for(digest), offset, length, what="read chunk")
+    async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
+                   ) -> bytes | memoryview:
+        return await run_io(self._read_sync, self.path_for(digest), offset, length, checksum, what="read chunk")
 
     @staticmethod
-    def _read_sync(path: str, offset: int, length: int) -> bytes | memoryview:
+    def _read_sync(path: str, offset: int, length: int, checksum: int | None) -> bytes | memoryview:
         """Map the chunk rather than copy it: the socket write then copies straight from the page
         cache (measured: about half the CPU per GiB of pread + write, close to nginx's sendfile).
 
         The mapping is prefaulted here, in a worker thread, so the event loop never waits on disk.
         Chunk files are immutable (never truncated; deletion and quarantine only unlink or rename),
-        which is what makes serving from a mapping safe.
+        which is what makes serving from a mapping safe. A ``checksum`` is checked here too, in the
+        same worker-thread call (one hand-off per read instead of two: BENCHMARKS.md, "kvgw bench io").
         """
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             end = offset + length
             if length == 0 or os.fstat(fd).st_size < end:
-                return os.pread(fd, length, offset)  # empty, or truncated: a short read says so
-            mapped = mmap.mmap(fd, end, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
-            return memoryview(mapped)[offset:end]
+                data: bytes | memoryview = os.pread(fd, length, offset)  # empty, or truncated: a short read
+            else:
+                mapped = mmap.mmap(fd, end, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+                data = memoryview(mapped)[offset:end]
         finally:
             os.close(fd)
+        check_bytes(data, checksum)
+        return data
 
     async def will_read(self, digests: list[bytes]) -> None:
         """POSIX_FADV_WILLNEED on every chunk of a batch read: the kernel reads them ahead (in

@@ -134,9 +134,10 @@ class RequestPathTier:
 
     # -- reads: the first answer under the budget, the transfer under the tier's own ---------------
 
-    async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
+                   ) -> bytes | memoryview:
         with request_budget(self.request_timeout):
-            return await self.inner.read(digest, offset, length)
+            return await self.inner.read(digest, offset, length, checksum=checksum)
 
     async def stream(self, digest: bytes, offset: int, length: int, window: int
                      ) -> AsyncIterator[bytes | memoryview]:

@@ -67,7 +67,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from backends import chunkfile
-from backends.base import ChunkMeta
+from backends.base import ChunkMeta, check_bytes_soon
 from backends.errors import BackendError, ChunkCorrupt, ChunkNotFound, TierUnavailable
 from backends.request_path import current_budget
 from backends.s3_guard import CircuitBreaker, RangeNotSatisfiable, UploadGone, ensure_bucket, translate
@@ -399,7 +399,13 @@ class S3Tier:
         token = answer.get("Metadata", {}).get(DATA_META)
         return None if token is None else str(token)
 
-    async def read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
+                   ) -> bytes | memoryview:
+        data = await self._read(digest, offset, length)
+        await check_bytes_soon(data, checksum)
+        return data
+
+    async def _read(self, digest: bytes, offset: int, length: int) -> bytes | memoryview:
         key = self.key_for(digest)
         if length <= 0:
             if not await self.exists(key):

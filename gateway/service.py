@@ -44,7 +44,7 @@ from dataclasses import replace
 import xxhash
 
 from backends import errors as backend
-from backends.base import ChunkMeta, FileLocator, Tier
+from backends.base import HASH_ON_LOOP_BYTES, ChunkMeta, FileLocator, Tier
 from backends.catalog.store import BucketPolicy
 from backends.index import ChunkIndex, IndexEntry
 from backends.request_path import RequestPathTier, request_budget
@@ -81,7 +81,6 @@ from kvgw_client.keys import InvalidKeyError, chunk_digest, digest_many
 
 log = logging.getLogger("kvgw.service")
 
-_HASH_ON_LOOP_BYTES = 1 << 20  # larger buffers are hashed in a worker thread
 _READ_PREFERENCE = tuple(TierId)  # reads and lookups try the tiers in TierId order: filesystem first
 
 
@@ -722,9 +721,9 @@ class ChunkService:
         try:
             if release is not None:
                 start = 0 if verify else offset
-                data = await tier.read(digest, start, whole)
-                if verify and not await self._matches(data, info):
-                    raise backend.ChunkCorrupt("checksum mismatch")
+                data = await tier.read(digest, start, whole, checksum=info.checksum if verify else None)
+                if verify and len(data) != info.size:
+                    raise backend.ChunkCorrupt("short read")
                 if offset != start or length != len(data):
                     data = memoryview(data)[offset - start : offset - start + length]
                 return ChunkBody(info, offset, length, data=data, release=release, tier=bit)
@@ -765,14 +764,6 @@ class ChunkService:
         await self._index.update_tiers(digest, remove=bit)
         self._events.removed(info.bucket, digest, bit, reason=reason, info=info)
 
-    @staticmethod
-    async def _matches(data: bytes | memoryview, info: ChunkInfo) -> bool:
-        if len(data) != info.size:
-            return False
-        if len(data) <= _HASH_ON_LOOP_BYTES:
-            return xxhash.xxh3_64_intdigest(data) == info.checksum
-        return await asyncio.to_thread(xxhash.xxh3_64_intdigest, data) == info.checksum
-
     async def _verify_streaming(self, tier: Tier, digest: bytes, info: ChunkInfo) -> None:
         hasher = xxhash.xxh3_64()
         size = 0
@@ -780,7 +771,7 @@ class ChunkService:
         pieces = budgeted(tier.stream(digest, 0, info.size, window), self._budget, min(info.size, 2 * window))
         try:
             async for piece in pieces:
-                if len(piece) > _HASH_ON_LOOP_BYTES:
+                if len(piece) > HASH_ON_LOOP_BYTES:
                     await asyncio.to_thread(hasher.update, piece)  # first touch of mapped pages: off the loop
                 else:
                     hasher.update(piece)

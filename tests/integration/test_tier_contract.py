@@ -20,7 +20,7 @@ import pytest
 import xxhash
 
 from backends.base import ChunkMeta, Tier
-from backends.errors import ChunkNotFound
+from backends.errors import ChunkCorrupt, ChunkNotFound
 from backends.faulty import FaultyTier
 from backends.memory import MemoryStore, MemoryTier
 from backends.posix import PosixTier
@@ -210,6 +210,18 @@ async def test_read_and_stream_ranges(case: TierCase) -> None:
         pieces = [p async for p in case.tier.stream(digest, offset, length, window)]
         assert all(0 < len(p) <= window for p in pieces)
         assert b"".join(pieces) == data[offset : offset + length]
+
+
+@pytest.mark.parametrize("size", [10, (1 << 20) + 1])  # hashed where read, and (over 1 MiB) off the loop
+async def test_a_checked_read_returns_the_bytes_only_when_their_checksum_matches(case: TierCase, size: int) -> None:
+    data = blob(size, seed=11)
+    digest, _ = await store(case.tier, data, f"checked-{size}")
+    right = xxhash.xxh3_64_intdigest(data)
+    assert bytes(await case.tier.read(digest, 0, size, checksum=right)) == data
+    with pytest.raises(ChunkCorrupt):
+        await case.tier.read(digest, 0, size, checksum=right ^ 1)
+    with pytest.raises(ChunkCorrupt):  # a range is checked as the bytes it is
+        await case.tier.read(digest, 0, size - 1, checksum=right)
 
 
 async def test_absent_chunk(case: TierCase) -> None:
