@@ -345,22 +345,22 @@ class Bench:
             lambda: run_load(self.kvgw.address, make, clients, duration=self.duration()), self.kvgw.pids())
 
     def get_nginx(self, size: int, clients: int) -> Callable[[int], Sample]:
-        reqs = [LoadRequest("GET", f"/{size}/{p.name}") for p in self.www_files[size]]
-        n = len(reqs)
-        return lambda rnd: self.measure(
-            NGINX, "GET", size, clients, rnd,
-            lambda: run_load(self.nginx.address, lambda i, seq: reqs[(i + seq) % n], clients,
-                             duration=self.duration()),
-            self.nginx.pids())
+        return self.get_www(NGINX, self.nginx, lambda name: f"/{size}/{name}", size, clients)
 
     def get_verified(self, size: int, clients: int) -> Callable[[int], Sample]:
-        reqs = [LoadRequest("GET", files_target(f"{size}/{p.name}")) for p in self.www_files[size]]
+        return self.get_www(VERIFIED_SENDER, self.responder, lambda name: files_target(f"{size}/{name}"), size,
+                            clients)
+
+    def get_www(self, target: str, server: Nginx | RawResponder, path_of: Callable[[str], str], size: int,
+                clients: int) -> Callable[[int], Sample]:
+        """GETs of the size's files under www/ from a baseline that serves them (nginx, the verified
+        sender), cycling over them as kvgw's GETs cycle over the same chunks."""
+        reqs = [LoadRequest("GET", path_of(p.name)) for p in self.www_files[size]]
         n = len(reqs)
         return lambda rnd: self.measure(
-            VERIFIED_SENDER, "GET", size, clients, rnd,
-            lambda: run_load(self.responder.address, lambda i, seq: reqs[(i + seq) % n], clients,
-                             duration=self.duration()),
-            self.responder.pids())
+            target, "GET", size, clients, rnd,
+            lambda: run_load(server.address, lambda i, seq: reqs[(i + seq) % n], clients, duration=self.duration()),
+            server.pids())
 
     def get_raw(self, size: int, clients: int) -> Callable[[int], Sample]:
         opener = raw_read_op(self.www_files[size], size)
