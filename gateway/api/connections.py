@@ -144,11 +144,13 @@ class GuardedHttpProtocol(HoldingHttpToolsProtocol):
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
-        cycle = self.cycle
+        cycle = self.cycle  # the answered request's, unless another one is pipelined behind it
         super().on_response_complete()
-        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+        if cycle is not None and cycle.response_complete and cycle.more_body and not self.transport.is_closing():
             # answered before its body ended (an error, a stall): the rest of that body would be
-            # parsed as the next request, and a stalled client would hold the connection for ever
+            # parsed as the next request, and a stalled client would hold the connection for ever.
+            # (A request pipelined behind the answered one has not been answered: its body, still
+            # arriving, is no reason to close; the answered one's body ended before its head came.)
             self.transport.close()
 
     def on_url(self, url: bytes) -> None:

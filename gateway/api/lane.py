@@ -41,8 +41,9 @@ from typing import Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from gateway.api.connections import ConnectionLimits, GuardedHttpProtocol
+from gateway.api.connections import ConnectionLimits
 from gateway.api.http import IndexedAnswer, RawHeaders
+from gateway.api.intake import IntakeHttpProtocol
 from gateway.metrics import RequestMetrics
 
 log = logging.getLogger("kvgw.api")
@@ -91,8 +92,9 @@ class LookupLane:
         return b"".join(head) + found.body
 
 
-class LaneHttpProtocol(GuardedHttpProtocol):
-    """``uvicorn.run(http=protocol_class(limits, lane))``: the guarded protocol plus the lookup lane."""
+class LaneHttpProtocol(IntakeHttpProtocol):
+    """``uvicorn.run(http=protocol_class(limits, lane))``: the guarded protocol, the body intake
+    (``gateway.api.intake``) and the lookup lane."""
 
     lane: ClassVar[LookupLane | None] = None
 

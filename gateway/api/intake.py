@@ -1,0 +1,223 @@
+"""Large request bodies received straight into the buffers the app keeps: the body intake.
+
+Why: uvicorn hands a request body to the app through four user-space copies: uvloop reads into its own
+buffer and makes a ``bytes`` of each read, httptools makes another of the body part, uvicorn appends it
+to the cycle's ``bytearray`` and each ``receive`` returns a ``bytes`` of that. Most of them also take
+fresh memory, which the guest faults in. For a KV chunk (1-64 MB, written once) that is four passes over
+every byte before the one that matters, the copy into the page cache. ``kvgw bench io --ops put`` has
+the measurements (BENCHMARKS.md, "kvgw bench io").
+
+How: when the head of a ``PUT`` whose ``Content-Length`` is at least ``INTAKE_MIN_BYTES`` is complete
+and uvicorn's request cycle has started, ``IntakeHttpProtocol`` gives the cycle a ``BodyIntake``'s
+``receive`` and, once the parser has taken the bytes that came with the head, makes the intake (an
+``asyncio.BufferedProtocol``) the transport's protocol for the rest of that body. The event loop then
+reads the socket straight into ``INTAKE_PIECE_BYTES`` pieces, and each full piece is one ASGI message,
+handed over without a copy: a ``bytearray`` the intake never touches again. Pieces are the filesystem
+tier's write unit (``backends.posix.FOLIO_BYTES``), so a staged chunk writes each one as it is. The
+intake never reads past the body (its buffers end where the body ends), so a request pipelined behind
+it reaches the HTTP protocol, which gets the transport back with a fresh parser when the body's last
+byte arrives.
+
+What stays as uvicorn does it: ``100 Continue`` is sent on the app's first ``receive``; a client that
+goes away gives the app ``http.disconnect`` (and uvicorn its ``connection_lost``); reading pauses while
+``QUEUED_PIECES`` full pieces wait for the app. A body that trickles in is handed over as it arrives
+once the app has waited ``PARTIAL_AFTER`` seconds for a full piece (a copy, on that slow path only), so
+the apps' body idle deadline keeps meaning "no byte for that long".
+
+Left to uvicorn: other methods, bodies below the threshold or without a ``Content-Length``
+(``Transfer-Encoding``), and pipelined requests (their cycle waits behind another one).
+
+Everything here runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import httptools
+from uvicorn._types import ASGIReceiveEvent
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from backends.posix import FOLIO_BYTES
+from gateway.api.connections import GuardedHttpProtocol
+
+INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on skip uvicorn's copies
+INTAKE_PIECE_BYTES = FOLIO_BYTES  # one ASGI message per piece: the filesystem tier's write unit
+QUEUED_PIECES = 2  # full pieces waiting for the app before reading pauses (uvicorn's read-ahead: 64 KiB)
+PARTIAL_AFTER = 1.0  # seconds the app waits for a full piece before it gets what has arrived
+
+
+class BodyIntake(asyncio.BufferedProtocol):
+    """The rest of one request body, read into pieces and handed to the app as ASGI messages."""
+
+    def __init__(self, http: IntakeHttpProtocol, cycle: RequestResponseCycle, length: int) -> None:
+        self._http = http
+        self._cycle = cycle
+        self._unread = length  # body bytes not yet in a piece
+        self._piece = bytearray(min(INTAKE_PIECE_BYTES, length))
+        self._filled = 0  # bytes of the piece received
+        self._handed = 0  # bytes of the piece already handed over (the slow path)
+        self._ready: collections.deque[bytes | bytearray] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._partial_timer: asyncio.TimerHandle | None = None
+        self._lost = False
+
+    @property
+    def complete(self) -> bool:
+        """Every byte of the body has been received."""
+        return self._unread == 0
+
+    # -- bytes in --------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Body bytes the parser found behind the head, in the same read."""
+        view = memoryview(data)
+        while view:
+            n = min(len(view), len(self._piece) - self._filled)
+            self._piece[self._filled : self._filled + n] = view[:n]
+            view = view[n:]
+            self._received(n)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self._piece)[self._filled :]  # a piece never reaches past the body's end
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._received(nbytes)
+        if self.complete:
+            self._http.intake_done()
+
+    def _received(self, n: int) -> None:
+        self._filled += n
+        self._unread -= n
+        if self._filled < len(self._piece):
+            return
+        piece = self._piece
+        self._ready.append(piece if self._handed == 0 else piece[self._handed :])
+        if self._unread:
+            self._piece = bytearray(min(INTAKE_PIECE_BYTES, self._unread))
+        self._filled = self._handed = 0
+        if len(self._ready) >= QUEUED_PIECES:
+            self._http.flow.pause_reading()
+        self._wake()
+
+    # -- the connection --------------------------------------------------------------------------
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._wake()
+        self._http.connection_lost(exc)
+
+    def eof_received(self) -> None:
+        self._http.eof_received()  # uvicorn's returns None: the transport closes
+
+    def pause_writing(self) -> None:
+        self._http.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._http.resume_writing()
+
+    # -- the app's side --------------------------------------------------------------------------
+
+    async def receive(self) -> ASGIReceiveEvent:
+        """The cycle's ``receive`` while this body lasts: its pieces in order, then uvicorn's own."""
+        cycle = self._cycle
+        if cycle.waiting_for_100_continue and not self._http.transport.is_closing():
+            self._http.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+        if not self._ready and not self._lost and not cycle.response_complete:
+            if self.complete:
+                return await RequestResponseCycle.receive(cycle)  # the body was all handed over
+            await self._wait()
+        if self._lost or cycle.disconnected or cycle.response_complete:
+            return {"type": "http.disconnect"}
+        piece = self._ready.popleft()
+        if len(self._ready) < QUEUED_PIECES:
+            self._http.flow.resume_reading()
+        # a bytearray where ASGI says bytes: bytes-like for every reader here, and never changed again
+        return {"type": "http.request", "body": piece,  # type: ignore[typeddict-item]
+                "more_body": bool(self._ready) or not self.complete}
+
+    async def _wait(self) -> None:
+        loop = self._http.loop
+        self._waiter = loop.create_future()
+        self._partial_timer = loop.call_later(PARTIAL_AFTER, self._hand_partial)
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if self._partial_timer is not None:
+                self._partial_timer.cancel()
+                self._partial_timer = None
+
+    def _hand_partial(self) -> None:
+        """The app has waited ``PARTIAL_AFTER`` for a full piece: give it what has arrived (a copy)."""
+        self._partial_timer = None
+        if self._filled > self._handed:
+            self._ready.append(bytes(self._piece[self._handed : self._filled]))
+            self._handed = self._filled
+            self._wake()
+        elif self._waiter is not None:
+            self._partial_timer = self._http.loop.call_later(PARTIAL_AFTER, self._hand_partial)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class IntakeHttpProtocol(GuardedHttpProtocol):
+    """The guarded protocol plus the body intake (``gateway.api.lane.LaneHttpProtocol`` builds on it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._intake: BodyIntake | None = None  # this request's body goes through it
+        self._intake_reading = False  # ... and it is the transport's protocol
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        length = self._intake_length()
+        if length is not None:
+            self._intake = BodyIntake(self, self.cycle, length)
+            self.cycle.receive = self._intake.receive  # type: ignore[method-assign]  # its task has not run yet
+
+    def _intake_length(self) -> int | None:
+        """The body length of the request just begun if the intake takes it, else None."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or self.pipeline or self.parser.get_method() != b"PUT":
+            return None
+        length = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return None
+                length = int(value)
+            elif name == b"transfer-encoding":
+                return None
+        return length if length is not None and length >= INTAKE_MIN_BYTES else None
+
+    def on_body(self, body: bytes) -> None:
+        if self._intake is None:
+            super().on_body(body)
+        else:
+            self._intake.feed(body)
+
+    def on_message_complete(self) -> None:
+        self._intake = None  # a body that ended within the bytes the parser had
+        super().on_message_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        intake = self._intake
+        if intake is not None and not self._intake_reading and not self.transport.is_closing():
+            self._intake_reading = True
+            self.transport.set_protocol(intake)
+
+    def intake_done(self) -> None:
+        """The intake read the body's last byte: the transport and a fresh parser for the next request,
+        and the end of the body for uvicorn, as the parser would have told it."""
+        self._intake_reading = False
+        self.transport.set_protocol(self)
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn sets its own
+        self.on_message_complete()
