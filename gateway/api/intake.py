@@ -20,9 +20,11 @@ byte arrives.
 
 What stays as uvicorn does it: ``100 Continue`` is sent on the app's first ``receive``; a client that
 goes away gives the app ``http.disconnect`` (and uvicorn its ``connection_lost``); reading pauses while
-``QUEUED_PIECES`` full pieces wait for the app. A body that trickles in is handed over as it arrives
-once the app has waited ``PARTIAL_AFTER`` seconds for a full piece (a copy, on that slow path only), so
-the apps' body idle deadline keeps meaning "no byte for that long".
+``QUEUED_PIECES`` full pieces wait for the app (so a PUT in flight holds a waiting piece, the one
+filling and the one its staged chunk is writing: about 6 MiB, against about 4 on uvicorn's path). A
+body that trickles in is handed over as it arrives once the app has waited ``PARTIAL_AFTER`` seconds for
+a full piece (a copy, on that slow path only), so the apps' body idle deadline keeps meaning "no byte
+for that long".
 
 Left to uvicorn: other methods, bodies below the threshold or without a ``Content-Length``
 (``Transfer-Encoding``), and pipelined requests (their cycle waits behind another one).
@@ -45,7 +47,7 @@ from gateway.api.connections import GuardedHttpProtocol
 
 INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on skip uvicorn's copies
 INTAKE_PIECE_BYTES = FOLIO_BYTES  # one ASGI message per piece: the filesystem tier's write unit
-QUEUED_PIECES = 2  # full pieces waiting for the app before reading pauses (uvicorn's read-ahead: 64 KiB)
+QUEUED_PIECES = 1  # full pieces waiting for the app before reading pauses: one (2 and 1 measured alike)
 PARTIAL_AFTER = 1.0  # seconds the app waits for a full piece before it gets what has arrived
 
 
