@@ -106,10 +106,13 @@ class BodyIntake(asyncio.BufferedProtocol):
 
     # -- the connection --------------------------------------------------------------------------
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def lose(self) -> None:
+        """The connection is gone: the app's ``receive`` answers ``http.disconnect`` from now on."""
         self._lost = True
         self._wake()
-        self._http.connection_lost(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._http.connection_lost(exc)  # which calls ``lose``
 
     def eof_received(self) -> None:
         self._http.eof_received()  # uvicorn's returns None: the transport closes
@@ -214,6 +217,11 @@ class IntakeHttpProtocol(GuardedHttpProtocol):
         if intake is not None and not self._intake_reading and not self.transport.is_closing():
             self._intake_reading = True
             self.transport.set_protocol(intake)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._intake is not None:  # lost while the intake read, or before it took the transport
+            self._intake.lose()
+        super().connection_lost(exc)
 
     def intake_done(self) -> None:
         """The intake read the body's last byte: the transport and a fresh parser for the next request,
