@@ -29,7 +29,7 @@ from pathlib import Path
 from backends import chunkfile
 from backends.base import ChunkMeta, check_bytes
 from backends.errors import BackendError
-from backends.fileio import LOCAL_FILESYSTEMS, filesystem_type, fsync_dir, pid_alive, run_io, write_all
+from backends.fileio import LOCAL_FILESYSTEMS, filesystem_type, fsync_dir, pid_alive, run_io, start_writeback, write_all
 from backends.tiers import TierId
 
 _STAGING_SUFFIX = ".part"
@@ -69,6 +69,7 @@ class PosixStagedChunk:
         self._digest = digest
         self._path = staging_path
         self._fd: int | None = None
+        self._file_bytes = 0  # written to the staging file so far
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self._writing: asyncio.Future[None] | None = None  # the one buffer being written meanwhile
@@ -97,6 +98,10 @@ class PosixStagedChunk:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             self._fd = os.open(self._path, flags, 0o644)
         write_all(self._fd, pieces)
+        length = sum(len(p) for p in pieces)
+        if self._tier.fsync:  # the fsync in ``publish`` then waits only for what comes after
+            start_writeback(self._fd, self._file_bytes, length)
+        self._file_bytes += length
 
     async def publish(self, meta: ChunkMeta) -> bool:
         pieces: list[bytes | memoryview] = [*self._pending, chunkfile.encode_footer(meta)]

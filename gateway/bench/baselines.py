@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from backends.fileio import fsync_dir
+from backends.fileio import fsync_dir, start_writeback
 from backends.posix import FOLIO_BYTES
 from gateway.bench import procstat
 from gateway.bench.launcher import free_port, stop_process, wait_until
@@ -396,9 +396,10 @@ WRITE_PIECE = FOLIO_BYTES  # as the filesystem tier writes: aligned 2 MiB pieces
 def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,
                  written: list[str] | None = None) -> Callable[[int], Op]:
     """``open_client`` for ``run_ops``: each op writes ``payload`` to a fresh temp file (WRITE_PIECE at
-    a time), fsyncs it, links it to a distinct final name, removes the temp name and fsyncs the
-    directory -- what a write-once store must do at the least (without fsync with ``fsync=False``).
-    Final paths are appended to ``written`` so the caller can delete them afterwards."""
+    a time, starting each piece's writeback as the tier does), fsyncs it, links it to a distinct final
+    name, removes the temp name and fsyncs the directory -- what a write-once store must do at the least
+    (without fsync with ``fsync=False``). Final paths are appended to ``written`` so the caller can
+    delete them afterwards."""
     staging = directory / "staging"
     final = directory / "final"
     staging.mkdir(parents=True, exist_ok=True)
@@ -414,8 +415,11 @@ def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,
             try:
                 for at in range(0, payload.nbytes, WRITE_PIECE):
                     piece = payload[at : at + WRITE_PIECE]
+                    length = len(piece)
                     while piece:
                         piece = piece[os.write(fd, piece) :]
+                    if fsync:
+                        start_writeback(fd, at, length)  # as the tier does
                 if fsync:
                     os.fsync(fd)
             finally:
