@@ -30,6 +30,21 @@ Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 RawHeaders = list[tuple[bytes, bytes]]  # a request's, as the ASGI scope holds them (names lowercased)
 
+
+def plain_body_length(headers: RawHeaders) -> int | None:
+    """The body length a request head announces when it is plain: its one ``Content-Length`` (0 without
+    one). None when it is not: a ``Transfer-Encoding``, a repeated or non-numeric ``Content-Length``
+    (the protocol-level fast paths leave such requests to uvicorn, which answers or refuses them)."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"transfer-encoding":
+            return None
+    return 0 if length is None else length
+
 _request_ids = itertools.count(1)
 _REQUEST_ID_PREFIX = os.urandom(4).hex()
 

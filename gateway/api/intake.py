@@ -44,6 +44,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from backends.posix import FOLIO_BYTES
 from gateway.api.connections import GuardedHttpProtocol
+from gateway.api.http import plain_body_length
 
 INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on skip uvicorn's copies
 INTAKE_PIECE_BYTES = FOLIO_BYTES  # one ASGI message per piece: the filesystem tier's write unit
@@ -191,14 +192,7 @@ class IntakeHttpProtocol(GuardedHttpProtocol):
         cycle = self.cycle
         if cycle is None or cycle.response_complete or self.pipeline or self.parser.get_method() != b"PUT":
             return None
-        length = None
-        for name, value in self.headers:
-            if name == b"content-length":
-                if length is not None or not value.isdigit():
-                    return None
-                length = int(value)
-            elif name == b"transfer-encoding":
-                return None
+        length = plain_body_length(self.headers)
         return length if length is not None and length >= INTAKE_MIN_BYTES else None
 
     def on_body(self, body: bytes) -> None:

@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Protocol
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from gateway.api.connections import ConnectionLimits
-from gateway.api.http import IndexedAnswer, RawHeaders
+from gateway.api.http import IndexedAnswer, RawHeaders, plain_body_length
 from gateway.api.intake import IntakeHttpProtocol
 from gateway.metrics import RequestMetrics
 
@@ -125,15 +125,8 @@ class LaneHttpProtocol(IntakeHttpProtocol):
         method = parser.get_method().decode("ascii")
         if not url.startswith(b"/") or b"?" in url or b"#" in url or not lane.takes(method, url.decode("latin-1")):
             return False
-        length = -1
-        for name, value in self.headers:
-            if name == b"content-length":
-                if length >= 0 or not value.isdigit():
-                    return False
-                length = int(value)
-            elif name == b"transfer-encoding":
-                return False
-        return length <= (LANE_BODY_LIMIT if method == "POST" else 0)
+        length = plain_body_length(self.headers)
+        return length is not None and length <= (LANE_BODY_LIMIT if method == "POST" else 0)
 
     def on_body(self, body: bytes) -> None:
         if self._lane_body is None:
