@@ -45,6 +45,7 @@ def plain_body_length(headers: RawHeaders) -> int | None:
             return None
     return 0 if length is None else length
 
+
 _request_ids = itertools.count(1)
 _REQUEST_ID_PREFIX = os.urandom(4).hex()
 
