@@ -8,6 +8,7 @@ import ipaddress
 import os
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -22,11 +23,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from gateway.api.intake import INTAKE_MIN_BYTES, INTAKE_PIECE_BYTES
 from gateway.bench.launcher import KvgwProcess
 from kvgw_client.config import ClientSettings
 from kvgw_client.http import KvgwClient, PutOutcome
 from tests.conftest import REPO, ROOT_AK, ROOT_SK, ServerProcess
 from tests.integration.s3api.conftest import find_aws_cli
+from tests.integration.test_body_intake import Responses, get_head, put_head
 from tests.requirements import require_or_skip
 
 
@@ -161,6 +164,23 @@ def test_https_with_the_aws_cli(tls_server: ServerProcess, tmp_path: Path) -> No
     subprocess.run([*base, "s3", "cp", "s3://kvcache/cli-tls", str(tmp_path / "back")], check=True, env=env,
                    capture_output=True, timeout=120)
     assert (tmp_path / "back").read_bytes() == source.read_bytes()
+
+
+def test_large_puts_over_https_go_through_the_body_intake(tls_server: ServerProcess) -> None:
+    """The intake takes a TLS connection's transport as it takes a plain one's (uvloop's SSL transport
+    then feeds it decrypted bytes): two large PUTs and a GET pipelined on one https connection."""
+    first, second = os.urandom(2 * INTAKE_PIECE_BYTES + 777), os.urandom(INTAKE_MIN_BYTES)
+    context = ssl.create_default_context(cafile=str(tls_server.ca_file))
+    with socket.create_connection(tls_server.address, timeout=30) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as sock:
+        sock.sendall(put_head(tls_server, "tls-1", len(first)) + first + put_head(tls_server, "tls-2", len(second))
+                     + second + get_head(tls_server, "tls-1"))
+        responses = Responses(sock)
+        assert [responses.next()[0] for _ in range(2)] == [201, 201]
+        status, _, body = responses.next()
+        assert status == 200 and body == first
+    trusted = ssl.create_default_context(cafile=str(tls_server.ca_file))
+    assert httpx.get(tls_server.chunk_url("tls-2"), headers=tls_server.auth, verify=trusted).content == second
 
 
 async def test_https_with_kvgw_client(tls_server: ServerProcess) -> None:
