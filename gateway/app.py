@@ -12,7 +12,6 @@ import functools
 import logging
 import time
 from typing import Any
-from urllib.parse import unquote
 
 from fastapi import FastAPI, HTTPException
 from fastapi import Request as ControlRequest  # gateway.api.http.Request is the data plane's
@@ -21,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.api.http import IndexedAnswer, RawHeaders, Receive, Scope, Send, new_request_id
+from gateway.api.http import IndexedAnswer, RawHeaders, Receive, Scope, Send, new_request_id, path_segment
 from gateway.api.lane import LookupLane
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
@@ -149,7 +148,7 @@ class GatewayApp:
 
     def takes_indexed(self, method: str, raw_path: str) -> bool:
         """Whether ``answer_indexed`` could answer this request (its body not seen yet)."""
-        api = self.api_of(unquote(raw_path) if "%" in raw_path else raw_path)
+        api = self.api_of(path_segment(raw_path, errors="replace"))
         if api == "native":
             return self._native_api.takes_indexed(method, raw_path)
         return api == "s3" and method == "HEAD"
@@ -159,7 +158,7 @@ class GatewayApp:
         """(API, answer) for a lookup its API answers without awaiting anything (native HEAD, exists
         and prefix; S3 HeadObject), or None: the request must go to ``__call__``, with ``notes`` (work
         already done, such as a verified signature) added to its scope. Never raises."""
-        api = self.api_of(unquote(raw_path) if "%" in raw_path else raw_path)
+        api = self.api_of(path_segment(raw_path, errors="replace"))
         if api == "native":
             found = self._native_api.answer_indexed(method, raw_path, headers, body)
         elif api == "s3" and not body:

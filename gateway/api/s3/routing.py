@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl
 
+from gateway.api.http import path_segment
 from gateway.api.s3.errors import S3Error
 
 _LEGACY_BUCKET_CHARS = re.compile(r"[A-Za-z0-9._-]+")
@@ -82,7 +83,7 @@ class Addressing:
 
 def _decode(raw: str) -> str:
     try:
-        return unquote(raw, encoding="utf-8", errors="strict")
+        return path_segment(raw)
     except UnicodeDecodeError:
         raise S3Error("InvalidArgument", "The path is not valid percent-encoded UTF-8.") from None
 

@@ -51,15 +51,21 @@ def uri_encode(raw: bytes, *, keep_slash: bool) -> bytes:
     return quote_from_bytes(raw, safe="/" if keep_slash else "").encode("ascii")
 
 
-_PLAIN_PATH = re.compile(rb"[A-Za-z0-9\-._~/]+")
-"""A path with nothing to encode or decode: its own canonical URI (vLLM's and LMCache's keys are)."""
+_CANONICAL_PATH = re.compile(
+    rb"(?:[A-Za-z0-9\-._~/]"
+    rb"|%(?:[01][0-9A-F]|2[0-9A-C]|3[A-F]|40|5[B-E]|60|7[BCDF]|[89A-F][0-9A-F]))+"
+)
+"""A path already in canonical form: unreserved characters, ``/``, and upper-case escapes of exactly the
+bytes ``uri_encode`` escapes (not of an unreserved character, nor of ``/``). Such a path is its own
+and only canonical URI, found without decoding and re-encoding it (4 µs of a 60 µs HeadObject on the
+lookup lane): vLLM's keys, which botocore and aws-sdk-cpp send with ``@`` as ``%40``, and LMCache's."""
 
 
 def canonical_uris(raw_path: bytes) -> list[bytes]:
     """Candidate canonical URIs for a raw (as sent, percent-encoded) path; the raw one first."""
     if not raw_path:
         return [b"/"]
-    if _PLAIN_PATH.fullmatch(raw_path):
+    if _CANONICAL_PATH.fullmatch(raw_path):
         return [raw_path]
     encoded = uri_encode(unquote_to_bytes(raw_path), keep_slash=True)
     return [raw_path] if encoded == raw_path else [raw_path, encoded]
@@ -98,10 +104,16 @@ def canonical_header_blocks(headers: HeaderMap, signed: Sequence[str]) -> list[b
     raw_lines: list[bytes] = []
     non_ascii = False
     for name in signed:
-        values = headers.get(name.encode("latin-1"), ())
-        value = b",".join(_trim_all(v) for v in values)
+        raw_name = name.encode("latin-1")
+        values = headers.get(raw_name)
+        if values is None:
+            value = b""
+        elif len(values) == 1:  # the usual case, without a generator
+            value = _trim_all(values[0])
+        else:
+            value = b",".join(_trim_all(v) for v in values)
         non_ascii = non_ascii or not value.isascii()
-        raw_lines.append(name.encode("latin-1") + b":" + value + b"\n")
+        raw_lines.append(raw_name + b":" + value + b"\n")
     blocks = [b"".join(raw_lines)]
     if non_ascii:
         blocks.append(_transcode_latin1(blocks[0]))
