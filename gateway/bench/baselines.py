@@ -161,8 +161,9 @@ class BaselineProcess:
 
     name = "baseline"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, wrapper: Sequence[str] = ()) -> None:
         self.workdir = workdir
+        self.wrapper = list(wrapper)  # a command prefix (``gateway.bench.callgrind``)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / f"{self.name}.out"
@@ -175,10 +176,11 @@ class BaselineProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.bench.baselines", "--port", str(self.port), *args],
+                [*self.wrapper, sys.executable, "-m", "gateway.bench.baselines", "--port", str(self.port), *args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
-        wait_until(lambda: http_ok(self.address, probe), self.proc, self.name, self.log)
+        wait_until(lambda: http_ok(self.address, probe), self.proc, self.name, self.log,
+                   timeout=300.0 if self.wrapper else 30.0)
 
     def pids(self) -> list[int]:
         return [] if self.proc is None else [self.proc.pid]
@@ -192,8 +194,8 @@ class FastAPIApp(BaselineProcess):
 
     name = "fastapi"
 
-    def __init__(self, workdir: Path, keys: int, size: int) -> None:
-        super().__init__(workdir)
+    def __init__(self, workdir: Path, keys: int, size: int, wrapper: Sequence[str] = ()) -> None:
+        super().__init__(workdir, wrapper)
         self.keys = keys
         self.size = size
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from gateway.bench import callgrind
 from gateway.bench.baselines import FastAPIApp, Nginx, find_nginx, item_keys
 from gateway.bench.launcher import KvgwProcess
 from gateway.bench.loadgen import Address, LoadRequest, Stats, run_load
@@ -126,14 +127,34 @@ def load(address: Address, requests: Sequence[LoadRequest]) -> Callable[[int, fl
 
 
 @contextlib.contextmanager
-def kvgw_server(workdir: Path, *, name: str = "kvgw", lane: bool = True) -> Iterator[KvgwProcess]:
+def kvgw_server(workdir: Path, *, name: str = "kvgw", lane: bool = True,
+                wrapper: Sequence[str] = ()) -> Iterator[KvgwProcess]:
     """A gateway on its defaults, with the bench's root credentials; ``lane=False``: the lookup lane
     off (``KVGW_LOOKUP_LANE``), every HEAD through uvicorn's request cycle."""
     env = {"KVGW_ROOT_ACCESS_KEY": ACCESS_KEY, "KVGW_ROOT_SECRET_KEY": SECRET_KEY,
            "KVGW_LOOKUP_LANE": str(lane).lower()}
     with KvgwProcess(workdir / f"{name}-data", env=env, inherit_kvgw_env=False,
-                     log_path=workdir / f"{name}.log") as server:
+                     log_path=workdir / f"{name}.log", wrapper=list(wrapper)) as server:
         yield server
+
+
+def bearer() -> tuple[str, str]:
+    """The native API's credentials: the bench's root key."""
+    return ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
+
+
+def native_target(key: str) -> str:
+    return f"/v1/buckets/{BUCKET}/chunks/{quote(key, safe='')}"
+
+
+def preload(server: KvgwProcess, keys: Sequence[str]) -> None:
+    """The bucket (through the S3 API) and one object per key (through the native API)."""
+    create_bucket(server)
+    payload = os.urandom(OBJECT_BYTES)
+    puts = [LoadRequest("PUT", native_target(k), body=payload, headers=[bearer()], expect=(201,)) for k in keys]
+    done = run_load(server.address, lambda i, seq: puts[seq], 4, count=len(puts))
+    if done.errors:
+        raise RuntimeError(f"preload: {done.errors} PUTs failed, e.g. {done.error_samples[:2]}")
 
 
 def create_bucket(server: KvgwProcess) -> None:
@@ -201,6 +222,55 @@ def report(targets: list[Target], clients_list: Sequence[int]) -> tuple[str, int
     return "\n".join(lines), errors
 
 
+# -- instructions per HEAD (callgrind) -------------------------------------------------------------------
+
+def instruction_counts(workdir: Path, hits: Sequence[str], misses: Sequence[str],
+                       count: int) -> list[tuple[str, float]]:
+    """(target, instructions per HEAD) of each server run under callgrind: kvgw with its lookup lane on
+    (S3 HEAD hit and miss, native HEAD) and off (S3 HEAD hit and miss), and the FastAPI route."""
+    if not callgrind.available():
+        raise SystemExit("kvgw bench head --instructions needs valgrind (callgrind_control) on PATH")
+    print(f"kvgw bench head --instructions {count}: {len(hits)} objects; each server under callgrind", flush=True)
+    rows: list[tuple[str, float]] = []
+    for lane in (True, False):
+        name = "kvgw" if lane else "kvgw-no-lane"
+        out = workdir / f"{name}.callgrind"
+        with kvgw_server(workdir, name=name, lane=lane, wrapper=callgrind.wrapper(out)) as server:
+            preload(server, hits)
+            kinds = [(KVGW_HIT, [signed_head(server.address, BUCKET, k, (200,)) for k in hits]),
+                     (KVGW_MISS, [signed_head(server.address, BUCKET, k, (404,)) for k in misses])]
+            if lane:
+                kinds.append((KVGW_NATIVE, [LoadRequest("HEAD", native_target(k), headers=[bearer()]) for k in hits]))
+            assert server.proc is not None
+            for target, requests in kinds:
+                sender = callgrind.Sender(server.address, requests)
+                try:
+                    rows.append((target + ("" if lane else NO_LANE),
+                                 callgrind.instructions_per_request(server.proc.pid, out, sender, count)))
+                finally:
+                    sender.close()
+                print(f"  {rows[-1][0]}: {rows[-1][1]:,.0f}", flush=True)
+    out = workdir / "fastapi.callgrind"
+    fastapi = FastAPIApp(workdir / "fastapi", len(hits), OBJECT_BYTES, wrapper=callgrind.wrapper(out)).start()
+    try:
+        assert fastapi.proc is not None
+        sender = callgrind.Sender(fastapi.address, [LoadRequest("HEAD", f"/items/{k}") for k in item_keys(len(hits))])
+        rows.append((FASTAPI, callgrind.instructions_per_request(fastapi.proc.pid, out, sender, count)))
+        sender.close()
+    finally:
+        fastapi.stop()
+    return rows
+
+
+def report_instructions(rows: Sequence[tuple[str, float]]) -> int:
+    """The table: instructions per HEAD, and the FastAPI route's count over each (higher: cheaper)."""
+    base = dict(rows)[FASTAPI]
+    print(f"\n{'target':40s} {'instructions/HEAD':>18s} {'FastAPI / target':>17s}")
+    for target, instructions in rows:
+        print(f"{target:40s} {instructions:18,.0f} {base / instructions:17.2f}")
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvgw bench head", description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--clients", default="8,64", help="concurrent clients, each a process (default 8,64)")
@@ -210,6 +280,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--nixl", action=argparse.BooleanOptionalAction, default=True,
                         help="also time NIXL's query_memory (vLLM's lookup call) when NIXL is installed")
     parser.add_argument("--workdir", type=Path, help="where the servers keep data (default: a temp dir, removed)")
+    parser.add_argument("--instructions", type=int, default=0, metavar="N",
+                        help="instead of rates: each server's instructions per HEAD over N HEADs on one connection, "
+                             "counted by valgrind's callgrind (gateway.bench.callgrind; a few minutes)")
     args = parser.parse_args(list(argv))
     clients_list = [int(c) for c in args.clients.split(",") if c.strip()]
     if not clients_list or min(clients_list) < 1 or args.rounds < 1 or args.duration <= 0 or args.objects < 1:
@@ -220,6 +293,12 @@ def main(argv: Sequence[str]) -> int:
     form = KeyForm()
     hits = [stored_name(form.object_key(i.to_bytes(32, "big"))) for i in range(args.objects)]
     misses = [stored_name(form.object_key(((1 << 255) + i).to_bytes(32, "big"))) for i in range(args.objects)]
+    if args.instructions > 0:
+        try:
+            return report_instructions(instruction_counts(workdir, hits[:64], misses[:64], args.instructions))
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
     print(f"kvgw bench head: clients {clients_list}, {args.rounds} rounds of {args.duration:g} s, {args.objects} "
           f"objects, {os.cpu_count()} CPUs ({platform.machine()}), load {os.getloadavg()[0]:.2f}, workdir {workdir}",
           flush=True)
@@ -227,15 +306,9 @@ def main(argv: Sequence[str]) -> int:
         with contextlib.ExitStack() as stack:
             kvgw = stack.enter_context(kvgw_server(workdir))
             no_lane = stack.enter_context(kvgw_server(workdir, name="kvgw-no-lane", lane=False))
-            auth = ("Authorization", f"Bearer {ACCESS_KEY}:{SECRET_KEY}")
-            payload = os.urandom(OBJECT_BYTES)
-            puts = [LoadRequest("PUT", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", body=payload,
-                                headers=[auth], expect=(201,)) for k in hits]
             for gateway in (kvgw, no_lane):
-                create_bucket(gateway)
-                done = run_load(gateway.address, lambda i, seq: puts[seq], 4, count=len(puts))
-                if done.errors:
-                    raise RuntimeError(f"preload: {done.errors} PUTs failed, e.g. {done.error_samples[:2]}")
+                preload(gateway, hits)
+            payload = os.urandom(OBJECT_BYTES)
             fastapi = FastAPIApp(workdir / "fastapi", args.objects, OBJECT_BYTES).start()
             stack.callback(fastapi.stop)
             server_pid = lambda: kvgw.pids()  # noqa: E731
@@ -249,8 +322,7 @@ def main(argv: Sequence[str]) -> int:
                 Target(KVGW_MISS + NO_LANE, no_lane.pids, load(no_lane.address, [
                     signed_head(no_lane.address, BUCKET, k, (404,)) for k in misses])),
                 Target(KVGW_NATIVE, server_pid, load(kvgw.address, [
-                    LoadRequest("HEAD", f"/v1/buckets/{BUCKET}/chunks/{quote(k, safe='')}", headers=[auth])
-                    for k in hits])),
+                    LoadRequest("HEAD", native_target(k), headers=[bearer()]) for k in hits])),
                 Target(FASTAPI, fastapi.pids, load(fastapi.address, [LoadRequest("HEAD", f"/items/{k}")
                                                                      for k in item_keys(args.objects)])),
             ]

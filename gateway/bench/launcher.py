@@ -133,6 +133,7 @@ class KvgwProcess:
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     ca_file: Path | None = None  # the server runs https (``--tls-cert``): trust this CA to reach it
+    wrapper: list[str] = field(default_factory=list)  # a command prefix (``gateway.bench.callgrind``)
 
     @property
     def url(self) -> str:
@@ -151,8 +152,10 @@ class KvgwProcess:
     def start(self, timeout: float = 60.0) -> Self:
         if self.log_path is None:
             self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server-{self.port}.log"
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
+        cmd = [*self.wrapper, sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
                "--data-dir", str(self.data_dir), *self.extra_args]
+        if self.wrapper:
+            timeout *= 10  # valgrind starts a process 30-60x slower
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.environment(), cwd=REPO)
