@@ -22,8 +22,9 @@ def test_counts_a_servers_instructions_per_request(tmp_path: Path) -> None:
     out = tmp_path / "server.callgrind"
     log = tmp_path / "server.log"
     with open(log, "ab") as sink:
-        proc = subprocess.Popen([*callgrind.wrapper(out), sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
-                                 "--directory", str(tmp_path / "www"), str(port)], stdout=sink, stderr=subprocess.STDOUT)
+        cmd = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(tmp_path / "www"),
+               str(port)]
+        proc = subprocess.Popen([*callgrind.wrapper(out), *cmd], stdout=sink, stderr=subprocess.STDOUT)
     try:
         sender = callgrind.Sender(("127.0.0.1", port), [LoadRequest("HEAD", "/small", expect=(200,))])
         wait_until(lambda: _answers(port), proc, "http.server under callgrind", log, timeout=120)
