@@ -204,6 +204,26 @@ class FastAPIApp(BaselineProcess):
         return self
 
 
+class PutSink(BaselineProcess):
+    """``serve_put_sink``: the floor for a PUT server (issue 14, item 3)."""
+
+    def __init__(self, workdir: Path, directory: Path, *, fsync: bool) -> None:
+        super().__init__(workdir)
+        self.name = "put-sink" if fsync else "put-sink-no-fsync"
+        self.log = workdir / f"{self.name}.out"
+        self.directory = directory
+        self.fsync = fsync
+
+    def start(self) -> PutSink:
+        self._spawn(["--put-sink", str(self.directory), *([] if self.fsync else ["--no-fsync"])], "/probe")
+        return self
+
+    def clear(self) -> None:
+        """Remove the files written so far."""
+        for path in (self.directory / "final").glob("*"):
+            path.unlink(missing_ok=True)
+
+
 class RawResponder(BaselineProcess):
     """``serve_raw``: the floor for an HTTP lookup here (issue 14): a keep-alive connection, the request
     read up to the end of its body, canned answer bytes written back, nothing else. ``streams`` maps a
@@ -363,6 +383,82 @@ def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None)
     loop.run_forever()
 
 
+def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
+    """The floor for an HTTP PUT server in Python here (issue 14, item 3): a thread per keep-alive
+    connection that reads each request head, receives the body straight into a 2 MiB buffer
+    (``recv_into``) and writes it as ``raw_write_op`` writes (pieces of ``WRITE_PIECE``, writeback
+    started per piece, fsync, link, unlink, directory fsync; without the fsyncs when ``fsync`` is
+    False), then answers 201. No parsing beyond Content-Length, no hashing, no index: what is left is
+    what receiving the bytes and making them durable costs. Any other request (the readiness probe)
+    is answered 200. Files stay under ``directory`` for the caller to remove."""
+    import socket
+    import threading
+
+    staging, final = directory / "staging", directory / "final"
+    staging.mkdir(parents=True, exist_ok=True)
+    final.mkdir(parents=True, exist_ok=True)
+    names = iter(range(1 << 62))
+
+    def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> None:
+        name = f"{os.getpid()}-{next(names)}"
+        tmp = f"{staging}/{name}.part"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            at = 0
+            while at < length:
+                size = min(WRITE_PIECE, length - at)
+                got = min(len(first), size)
+                buffer[:got] = first[:got]
+                first = first[got:]
+                while got < size:
+                    n = conn.recv_into(buffer[got:size])
+                    if not n:
+                        raise ConnectionError("the client went away mid-body")
+                    got += n
+                piece = buffer[:size]
+                while piece:
+                    piece = piece[os.write(fd, piece):]
+                if fsync:
+                    start_writeback(fd, at, size)
+                at += size
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.link(tmp, f"{final}/{name}")
+        os.unlink(tmp)
+        if fsync:
+            fsync_dir(str(final))
+
+    def handle(conn: socket.socket) -> None:
+        buffer = memoryview(bytearray(WRITE_PIECE))
+        pending = bytearray()
+        with conn:
+            while True:
+                while (end := pending.find(b"\r\n\r\n")) < 0:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    pending += data
+                head = bytes(pending[:end]).lower()
+                rest = memoryview(bytes(pending[end + 4:]))
+                at = head.find(b"content-length:")
+                length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                if head.startswith(b"put "):
+                    store(conn, rest, length, buffer)
+                    pending = bytearray(rest[length:])
+                    conn.sendall(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n")
+                else:
+                    pending = bytearray(rest[length:])
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    with socket.create_server(("127.0.0.1", port), backlog=1024) as listener:
+        while True:
+            conn, _ = listener.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
@@ -378,7 +474,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="--raw: answer requests whose request line holds PATH_PART with BYTES random bytes")
     parser.add_argument("--files", type=Path, help=f"--raw: serve this directory's files, verified, under "
                                                    f"{FILES_PATH} and {FILES_BATCH_PATH}")
+    parser.add_argument("--put-sink", type=Path, metavar="DIR",
+                        help="run serve_put_sink instead: PUT bodies written under DIR (the floor for a PUT server)")
+    parser.add_argument("--no-fsync", action="store_true", help="--put-sink: write without fsync")
     args = parser.parse_args(argv)
+    if args.put_sink is not None:
+        serve_put_sink(args.port, args.put_sink, fsync=not args.no_fsync)
+        return 0
     if args.raw:
         answers = {k.encode(): v.encode() for k, v in (item.split("=", 1) for item in args.answer)}
         answers |= {k.encode(): os.urandom(int(n)) for k, n in (item.split("=", 1) for item in args.stream)}

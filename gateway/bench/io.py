@@ -19,7 +19,11 @@ What runs (all on loopback, all started here and stopped afterwards):
   floor of a server that verifies the bytes it serves from files (kvgw does by default; nginx does not),
   for GET and batch-get;
 - raw file write (temp file, fsync, link, fsync dir) and read (``readinto``) of the same bytes, from
-  Python threads, in that temp dir (their CPU is this process's, measured over the same window).
+  Python threads, in that temp dir (their CPU is this process's, measured over the same window);
+- the **PUT sink** (``baselines.serve_put_sink``, with and without fsync): an HTTP server that receives
+  PUT bodies straight into a 2 MiB buffer on a thread per connection and writes them as the raw loop
+  does, from the same load generator: the floor for a server that must receive the bytes it stores,
+  which the raw loop (no socket) is not.
 
 The targets printed at the end are issue 14's (``targets``).
 
@@ -59,6 +63,7 @@ from gateway.bench import procstat
 from gateway.bench.baselines import (
     FastAPIApp,
     Nginx,
+    PutSink,
     RawResponder,
     batch_request,
     batch_stream_bytes,
@@ -92,6 +97,8 @@ NGINX = "nginx"
 RAW_READ = "raw read"
 RAW_WRITE = "raw write+fsync+link"
 RAW_WRITE_NOFSYNC = "raw write+link"
+PUT_SINK = "PUT sink, fsync"  # serve_put_sink: the floor for an HTTP PUT server
+PUT_SINK_NOFSYNC = "PUT sink, no fsync"
 FASTAPI = "FastAPI dict route"
 RAW_RESPONDER = "raw-socket responder"
 RAW_STREAM = "raw socket stream"
@@ -171,6 +178,7 @@ class Bench:
     nginx: Nginx
     fastapi: FastAPIApp
     responder: RawResponder
+    sinks: dict[bool, PutSink] = field(default_factory=dict)  # by fsync: the PUT floor's servers
     payloads: dict[int, bytearray] = field(default_factory=dict)
     get_keys: dict[int, list[str]] = field(default_factory=dict)
     batch_keys: list[str] = field(default_factory=list)
@@ -184,6 +192,8 @@ class Bench:
         pids = [os.getpid(), *self.kvgw.pids(), *self.nginx.pids(), *self.fastapi.pids(), *self.responder.pids()]
         if self.kvgw_nofsync is not None:
             pids += self.kvgw_nofsync.pids()
+        for sink in self.sinks.values():
+            pids += sink.pids()
         return pids
 
     def measure(self, target: str, op: str, size: int, clients: int, rnd: int, run: Callable[[], Stats],
@@ -338,6 +348,19 @@ class Bench:
 
         return run
 
+    def put_sink(self, sink: PutSink, target: str, size: int, clients: int) -> Callable[[int], Sample]:
+        def run(rnd: int) -> Sample:
+            payload = self.payload(size)
+            request = LoadRequest("PUT", "/sink", body=payload, expect=(201,))
+            sample = self.measure(target, "PUT", size, clients, rnd,
+                                  lambda: run_load(sink.address, lambda i, seq: request, clients,
+                                                   duration=self.duration()), sink.pids())
+            sink.clear()
+            os.sync()
+            return sample
+
+        return run
+
     def get_kvgw(self, size: int, clients: int) -> Callable[[int], Sample]:
         make = self.get_request_maker(size)
         return lambda rnd: self.measure(
@@ -417,11 +440,13 @@ class Bench:
         for size in sizes if "put" in ops else ():
             for c in clients:
                 out.append(Cell("PUT", size, c, [(KVGW, self.put_kvgw(self.kvgw, KVGW, size, c)),
-                                                 (RAW_WRITE, self.put_raw(RAW_WRITE, size, c, fsync=True))]))
+                                                 (RAW_WRITE, self.put_raw(RAW_WRITE, size, c, fsync=True)),
+                                                 (PUT_SINK, self.put_sink(self.sinks[True], PUT_SINK, size, c))]))
                 if self.kvgw_nofsync is not None:
                     out.append(Cell("PUT", size, c, [
                         (KVGW_NOFSYNC, self.put_kvgw(self.kvgw_nofsync, KVGW_NOFSYNC, size, c)),
-                        (RAW_WRITE_NOFSYNC, self.put_raw(RAW_WRITE_NOFSYNC, size, c, fsync=False))]))
+                        (RAW_WRITE_NOFSYNC, self.put_raw(RAW_WRITE_NOFSYNC, size, c, fsync=False)),
+                        (PUT_SINK_NOFSYNC, self.put_sink(self.sinks[False], PUT_SINK_NOFSYNC, size, c))]))
         for size in sizes if "get" in ops else ():
             for c in clients:
                 out.append(Cell("GET", size, c, [(KVGW, self.get_kvgw(size, c)), (NGINX, self.get_nginx(size, c)),
@@ -707,7 +732,8 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
             lines.extend([title, "", f"| {' | '.join(columns)} |", "|---" * len(columns) + "|", *rows, ""])
         rows.clear()
 
-    pairs = [("PUT", KVGW, RAW_WRITE), ("PUT", KVGW_NOFSYNC, RAW_WRITE_NOFSYNC), ("GET", KVGW, NGINX),
+    pairs = [("PUT", KVGW, RAW_WRITE), ("PUT", KVGW, PUT_SINK), ("PUT", KVGW_NOFSYNC, RAW_WRITE_NOFSYNC),
+             ("PUT", KVGW_NOFSYNC, PUT_SINK_NOFSYNC), ("GET", KVGW, NGINX),
              ("GET", KVGW, VERIFIED_SENDER), ("GET", KVGW, RAW_READ)]
     for op, mine, base in pairs:
         for size in args.sizes:
@@ -742,7 +768,8 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
           "verified sender: the floor of a server that verifies what it reads (maps, hashes, writes; one thread)",
           "size", "clients", "kvgw CPU s/GiB", "nginx CPU s/GiB", "kvgw / nginx", "CPU-bound ceiling",
           "verified sender CPU s/GiB", "verified sender / nginx", "kvgw / verified sender")
-    for mine, raw, fsync in ((KVGW, RAW_WRITE, "on"), (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, "off")):
+    for mine, raw, sink, fsync in ((KVGW, RAW_WRITE, PUT_SINK, "on"),
+                                   (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, PUT_SINK_NOFSYNC, "off")):
         for size in args.sizes:
             for c in args.clients:
                 k, b = figures.get((mine, "PUT", size, c)), figures.get((raw, "PUT", size, c))
@@ -750,11 +777,17 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                     continue
                 ratio = paired_ratio(samples, (mine, "PUT"), (raw, "PUT"), size, c, cpu_per_gib)
                 ceiling = cpu_bound_ceiling(samples, (mine, "PUT"), (raw, "PUT"), size, c)
+                f = figures.get((sink, "PUT", size, c))
+                f_cpu = "-" if f is None or f.cpu_per_gib is None else f"{f.cpu_per_gib:.3f}"
+                over_sink = paired_ratio(samples, (mine, "PUT"), (sink, "PUT"), size, c, cpu_per_gib)
                 row(f"| {fmt_size(size)} | {c} | {fsync} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} "
-                    f"| {fmt_ratio(ratio)} | {fmt_ratio(ceiling)} |")
+                    f"| {fmt_ratio(ratio)} | {fmt_ratio(ceiling)} | {f_cpu} | {fmt_ratio(over_sink)} |")
     table("CPU per GiB written by PUT (kvgw: the server process; raw: this process's threads running the loop); "
-          "ceiling: the highest kvgw / raw throughput when both saturate the cores, load generator's CPU included",
-          "size", "clients", "fsync", "kvgw CPU s/GiB", "raw loop CPU s/GiB", "kvgw / raw", "CPU-bound ceiling")
+          "ceiling: the highest kvgw / raw throughput when both saturate the cores, load generator's CPU included; "
+          "PUT sink: the floor for an HTTP PUT server (a thread per connection receiving into a buffer and "
+          "writing as the loop writes; its process)",
+          "size", "clients", "fsync", "kvgw CPU s/GiB", "raw loop CPU s/GiB", "kvgw / raw", "CPU-bound ceiling",
+          "PUT sink CPU s/GiB", "kvgw / PUT sink")
     for c in args.clients:
         for op in ("HEAD", f"exists {META_KEYS} keys", f"prefix {META_KEYS} keys"):
             k = figures.get((KVGW, op, 0, c))
@@ -898,7 +931,11 @@ def main(argv: list[str]) -> int:
         streams = {"/batch-get": batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)} if "batch" in args.ops else {}
         responder = RawResponder(work / "responder", lookup_answers(), streams, files=work / "www").start()
         procs.append(responder)
-        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder)
+        sinks: dict[bool, PutSink] = {}
+        for fsync in ((True, False) if with_nofsync else (True,)) if "put" in args.ops else ():
+            sinks[fsync] = PutSink(work / "put-sink", work / f"put-sink-{'f' if fsync else 'n'}", fsync=fsync).start()
+            procs.append(sinks[fsync])
+        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder, sinks)
         print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "
               f"{', '.join(fmt_size(s) for s in args.sizes)}, clients {args.clients}, {args.rounds} rounds of "
               f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}, ops {','.join(args.ops)}",
