@@ -131,3 +131,45 @@ async def test_a_lost_connection_wakes_the_app_with_a_disconnect() -> None:
     taker.lose()
     assert await waiting == {"type": "http.disconnect"}
     assert await taker.receive() == {"type": "http.disconnect"}
+
+
+# -- the piece pool ------------------------------------------------------------------------------------
+
+
+def test_pool_reuses_a_piece_only_once_nobody_holds_it() -> None:
+    pool = intake.PiecePool(limit=4, size=16)
+    first = pool.take(16)
+    second = pool.take(16)
+    assert first is not second  # both held by their takers
+    view = memoryview(second)[2:]  # a reader's view keeps the piece out of the pool
+    first_id = id(first)
+    del first, second
+    third = pool.take(16)
+    assert id(third) == first_id  # dropped by its taker: taken back (contents left as they were)
+    fourth = pool.take(16)
+    assert fourth is not third and view.obj is not fourth and view.obj is not third
+    view.release()
+
+
+def test_pool_does_not_reuse_a_piece_under_a_buffer_export() -> None:
+    """A thread writing a piece holds a buffer export of it (``os.writev``), not a Python reference of
+    the caller's: the export alone keeps the piece out of the pool."""
+    pool = intake.PiecePool(limit=4, size=16)
+    piece = pool.take(16)
+    export = memoryview(piece)  # what PyObject_GetBuffer gives a C function: a reference to the piece
+    piece_id = id(piece)
+    del piece
+    assert all(id(pool.take(16)) != piece_id for _ in range(3))
+    export.release()
+
+
+def test_pool_keeps_at_most_its_limit_and_makes_other_sizes_fresh() -> None:
+    pool = intake.PiecePool(limit=2, size=16)
+    held = [pool.take(16) for _ in range(3)]  # the third is beyond the limit: not remembered
+    beyond = id(held[2])
+    held.clear()
+    again = [pool.take(16) for _ in range(3)]
+    assert beyond not in {id(p) for p in again[:2]}
+    tail = pool.take(5)
+    assert len(tail) == 5 and tail == bytearray(5)
+
