@@ -26,11 +26,6 @@ body that trickles in is handed over as it arrives once the app has waited ``PAR
 a full piece (a copy, on that slow path only), so the apps' body idle deadline keeps meaning "no byte
 for that long".
 
-Full pieces come from ``PIECES``, a pool that takes a piece back once nothing references it any more
-(``PiecePool``): receiving into memory the guest already holds costs a third less than into fresh
-memory (``kvgw bench io``'s PUT sink, which receives into one reused buffer, answered an 8 MiB PUT
-with fsync in 6.3 ms against 8.2 with a fresh buffer per piece, and 17% less CPU).
-
 Left to uvicorn: other methods, bodies below the threshold or without a ``Content-Length``
 (``Transfer-Encoding``), and pipelined requests (their cycle waits behind another one).
 
@@ -41,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import sys
 from typing import Any
 
 import httptools
@@ -56,50 +50,6 @@ INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on skip uvicorn's copies
 INTAKE_PIECE_BYTES = FOLIO_BYTES  # one ASGI message per piece: the filesystem tier's write unit
 QUEUED_PIECES = 1  # full pieces waiting for the app before reading pauses: one (2 and 1 measured alike)
 PARTIAL_AFTER = 1.0  # seconds the app waits for a full piece before it gets what has arrived
-POOLED_PIECES = 16  # full pieces the pool keeps for reuse: 32 MiB, the pieces of ~5 PUTs in flight
-
-
-class PiecePool:
-    """Full-size pieces, reused once whoever was handed one has let go of it.
-
-    A piece handed to an app as an ASGI message is the app's until it drops every reference to it: a
-    staged chunk writes it from a thread (``os.writev`` holds a buffer export, which holds a reference),
-    a hash reads it, a caller may keep it. The pool remembers the pieces it made (up to ``limit``) and
-    takes one back only when its reference count shows nobody else holds it (nor a ``memoryview`` of
-    it, nor a buffer export), so a piece is never refilled under a reader. This relies on CPython's
-    reference counts, as kvgw runs on CPython. Pieces of other sizes (a body's tail) are made fresh.
-    Event-loop thread only."""
-
-    def __init__(self, limit: int = POOLED_PIECES, size: int = INTAKE_PIECE_BYTES) -> None:
-        self._limit = limit
-        self._size = size
-        self._made: list[bytearray] = []  # least recently handed out first
-
-    def take(self, size: int) -> bytearray:
-        """A piece of ``size`` bytes that nothing else references (old contents left in place)."""
-        if size != self._size:
-            return bytearray(size)
-        made = self._made
-        for i in range(len(made)):
-            if sys.getrefcount(made[i]) == _UNHELD:  # held by ``made`` alone: nobody else has it
-                piece = made.pop(i)
-                made.append(piece)
-                return piece
-        piece = bytearray(size)
-        if len(made) < self._limit:
-            made.append(piece)
-        return piece
-
-
-def _unheld_count() -> int:
-    """The reference count ``PiecePool.take`` sees for a piece only its list holds (the list's
-    reference and ``getrefcount``'s argument: 2 on CPython 3.11)."""
-    made = [bytearray(1)]
-    return sys.getrefcount(made[0])
-
-
-_UNHELD = _unheld_count()
-PIECES = PiecePool()  # the process's: every connection's intake takes its full pieces here
 
 
 class BodyIntake(asyncio.BufferedProtocol):
@@ -109,7 +59,7 @@ class BodyIntake(asyncio.BufferedProtocol):
         self._http = http
         self._cycle = cycle
         self._unread = length  # body bytes not yet in a piece
-        self._piece = PIECES.take(min(INTAKE_PIECE_BYTES, length))
+        self._piece = bytearray(min(INTAKE_PIECE_BYTES, length))
         self._filled = 0  # bytes of the piece received
         self._handed = 0  # bytes of the piece already handed over (the slow path)
         self._ready: collections.deque[bytes | bytearray] = collections.deque()
@@ -149,7 +99,7 @@ class BodyIntake(asyncio.BufferedProtocol):
         piece = self._piece
         self._ready.append(piece if self._handed == 0 else piece[self._handed :])
         if self._unread:
-            self._piece = PIECES.take(min(INTAKE_PIECE_BYTES, self._unread))
+            self._piece = bytearray(min(INTAKE_PIECE_BYTES, self._unread))
         self._filled = self._handed = 0
         if len(self._ready) >= QUEUED_PIECES:
             self._http.flow.pause_reading()
