@@ -18,12 +18,13 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -386,49 +387,38 @@ def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None)
 def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
     """The floor for an HTTP PUT server in Python here (issue 14, item 3): a thread per keep-alive
     connection that reads each request head, receives the body straight into a 2 MiB buffer
-    (``recv_into``) and writes it as ``raw_write_op`` writes (pieces of ``WRITE_PIECE``, writeback
-    started per piece, fsync, link, unlink, directory fsync; without the fsyncs when ``fsync`` is
-    False), then answers 201. No parsing beyond Content-Length, no hashing, no index: what is left is
-    what receiving the bytes and making them durable costs. Any other request (the readiness probe)
-    is answered 200. Files stay under ``directory`` for the caller to remove."""
+    (``recv_into``) and stores it as ``raw_write_op`` does (``store_file``), then answers 201. No
+    parsing beyond Content-Length, no hashing, no index: what is left is what receiving the bytes and
+    making them durable costs. Any other request (the readiness probe) is answered 200. Files stay
+    under ``directory`` for the caller to remove."""
     import socket
     import threading
 
     staging, final = directory / "staging", directory / "final"
     staging.mkdir(parents=True, exist_ok=True)
     final.mkdir(parents=True, exist_ok=True)
-    names = iter(range(1 << 62))
+    names = itertools.count()
+
+    def received(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> Iterator[memoryview]:
+        """The body in ``WRITE_PIECE`` pieces, each received into ``buffer`` (``first``: the bytes that
+        came with the head); a piece is overwritten only after the caller asked for the next."""
+        at = 0
+        while at < length:
+            size = min(WRITE_PIECE, length - at)
+            got = min(len(first), size)
+            buffer[:got] = first[:got]
+            first = first[got:]
+            while got < size:
+                n = conn.recv_into(buffer[got:size])
+                if not n:
+                    raise ConnectionError("the client went away mid-body")
+                got += n
+            yield buffer[:size]
+            at += size
 
     def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> None:
-        name = f"{os.getpid()}-{next(names)}"
-        tmp = f"{staging}/{name}.part"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            at = 0
-            while at < length:
-                size = min(WRITE_PIECE, length - at)
-                got = min(len(first), size)
-                buffer[:got] = first[:got]
-                first = first[got:]
-                while got < size:
-                    n = conn.recv_into(buffer[got:size])
-                    if not n:
-                        raise ConnectionError("the client went away mid-body")
-                    got += n
-                piece = buffer[:size]
-                while piece:
-                    piece = piece[os.write(fd, piece):]
-                if fsync:
-                    start_writeback(fd, at, size)
-                at += size
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.link(tmp, f"{final}/{name}")
-        os.unlink(tmp)
-        if fsync:
-            fsync_dir(str(final))
+        store_file(str(staging), str(final), f"{os.getpid()}-{next(names)}", received(conn, first, length, buffer),
+                   fsync=fsync)
 
     def handle(conn: socket.socket) -> None:
         buffer = memoryview(bytearray(WRITE_PIECE))
@@ -513,26 +503,8 @@ def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,
 
     def open_client(i: int) -> Op:
         def op(seq: int) -> int:
-            name = f"{run}-{i}-{seq}"
-            tmp = f"{staging}/{name}.part"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                for at in range(0, payload.nbytes, WRITE_PIECE):
-                    piece = payload[at : at + WRITE_PIECE]
-                    length = len(piece)
-                    while piece:
-                        piece = piece[os.write(fd, piece) :]
-                    if fsync:
-                        start_writeback(fd, at, length)  # as the tier does
-                if fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            target = f"{final_dir}/{name}"
-            os.link(tmp, target)
-            os.unlink(tmp)
-            if fsync:
-                fsync_dir(final_dir)
+            pieces = (payload[at : at + WRITE_PIECE] for at in range(0, payload.nbytes, WRITE_PIECE))
+            target = store_file(str(staging), final_dir, f"{run}-{i}-{seq}", pieces, fsync=fsync)
             if written is not None:
                 written.append(target)
             return payload.nbytes
@@ -540,6 +512,34 @@ def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,
         return op
 
     return open_client
+
+
+def store_file(staging: str, final_dir: str, name: str, pieces: Iterable[memoryview], *, fsync: bool) -> str:
+    """What a write-once store must do at the least, as the filesystem tier does it: ``pieces`` (each
+    ``WRITE_PIECE`` long but the last, each written before the next is asked for) to a fresh temp file
+    in ``staging``, each piece's writeback started, fsync, link to ``name`` in ``final_dir``, the temp
+    name removed, the directory fsynced (no fsync and no writeback with ``fsync=False``). The final path."""
+    tmp = f"{staging}/{name}.part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        at = 0
+        for piece in pieces:
+            length = len(piece)
+            while piece:
+                piece = piece[os.write(fd, piece) :]
+            if fsync:
+                start_writeback(fd, at, length)  # as the tier does
+            at += length
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    target = f"{final_dir}/{name}"
+    os.link(tmp, target)
+    os.unlink(tmp)
+    if fsync:
+        fsync_dir(final_dir)
+    return target
 
 
 def raw_read_op(paths: Sequence[Path], size: int) -> Callable[[int], Op]:

@@ -21,6 +21,11 @@ The machine may be shared and noisy: every target runs ``--rounds`` rounds, in a
 between rounds, and the report gives the median round. Server CPU per 1,000 HEADs (``/proc/<pid>/stat``
 over the phase) tells a server that is cheaper per request from one that merely got more CPU. Clients
 and servers share this machine's cores, so compare within a run. Exit status 1 when a request failed.
+
+``--instructions N`` measures instead what such noise cannot move: each server (kvgw with the lane on
+and off, the FastAPI route) runs under valgrind's callgrind and the report gives the instructions it
+executes per HEAD over N HEADs on one connection (``gateway.bench.callgrind``): the way to compare two
+builds' per-request cost on this VM.
 """
 
 from __future__ import annotations
@@ -252,12 +257,12 @@ def instruction_counts(workdir: Path, hits: Sequence[str], misses: Sequence[str]
                 print(f"  {rows[-1][0]}: {rows[-1][1]:,.0f}", flush=True)
     out = workdir / "fastapi.callgrind"
     fastapi = FastAPIApp(workdir / "fastapi", len(hits), OBJECT_BYTES, wrapper=callgrind.wrapper(out)).start()
+    sender = callgrind.Sender(fastapi.address, [LoadRequest("HEAD", f"/items/{k}") for k in item_keys(len(hits))])
     try:
         assert fastapi.proc is not None
-        sender = callgrind.Sender(fastapi.address, [LoadRequest("HEAD", f"/items/{k}") for k in item_keys(len(hits))])
         rows.append((FASTAPI, callgrind.instructions_per_request(fastapi.proc.pid, out, sender, count)))
-        sender.close()
     finally:
+        sender.close()
         fastapi.stop()
     return rows
 
