@@ -24,8 +24,9 @@ and servers share this machine's cores, so compare within a run. Exit status 1 w
 
 ``--instructions N`` measures instead what such noise cannot move: each server (kvgw with the lane on
 and off, the FastAPI route) runs under valgrind's callgrind and the report gives the instructions it
-executes per HEAD over N HEADs on one connection (``gateway.bench.callgrind``): the way to compare two
-builds' per-request cost on this VM.
+executes per HEAD over N HEADs on one connection, net of what it runs idle in as much time (its timers
+and background threads, which callgrind's slowdown would charge to the HEADs; ``gateway.bench.callgrind``):
+the way to compare two builds' per-request cost on this VM.
 """
 
 from __future__ import annotations
