@@ -11,8 +11,8 @@ counts of one request shape across builds and servers, not with times.
 How: the server runs under ``valgrind --tool=callgrind`` (``wrapper``; 30-60x slower). The caller sends
 warm-up requests, then ``instructions_per_request`` zeroes the counters (``callgrind_control -z``),
 sends ``n`` requests one at a time on one keep-alive connection, has the counts dumped
-(``callgrind_control -d``) and reads the dump's total, then subtracts what the process runs idle over
-as long a time (``instructions_per_request``). Needs valgrind (``available``).
+(``callgrind_control -d``) and reads the dump's total, then subtracts what the process runs idle in as
+much time (``instructions_per_request``). Needs valgrind (``available``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class Sender:
 
 class Counted(NamedTuple):
     """Instructions per request, net of the clock-driven work in the same time (``background``: what
-    the idle process ran in a window as long as the requests', per request, already subtracted)."""
+    the idle process ran in as much time, averaged over ``IDLE_WINDOWS`` times as long, per request;
+    already subtracted)."""
 
     per_request: float
     background: float
