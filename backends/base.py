@@ -79,6 +79,20 @@ class StagedChunk(Protocol):
         """Drop the staged bytes. Safe to call after a failed ``write`` or twice."""
 
 
+@runtime_checkable
+class SyncStagedChunk(StagedChunk, Protocol):
+    """A staged chunk that can also take bytes from a worker thread, written before the call returns
+    (the filesystem tier): the service then receives, hashes and writes a body's pieces in one thread
+    (``gateway.api.intake``'s threaded receives), the bytes still in that thread's cache when they are
+    written, with no hand-off per piece."""
+
+    def write_now(self, data: bytes | memoryview) -> None:
+        """Append ``data`` at once, from the calling (worker) thread; ``data`` is not kept after the
+        call. Only before the first ``write``: the two do not mix in one chunk, except ``write``
+        after ``write_now``. A ``write_now`` of other than whole ``FOLIO_BYTES`` multiples must be the
+        chunk's last. May raise StorageFull or TierUnavailable (then call ``discard``)."""
+
+
 class Tier(Protocol):
     """A place that holds chunk bytes: the POSIX/NFS directory tier, the S3 tier, the test memory tier."""
 

@@ -29,7 +29,16 @@ from pathlib import Path
 from backends import chunkfile
 from backends.base import ChunkMeta, check_bytes
 from backends.errors import BackendError
-from backends.fileio import LOCAL_FILESYSTEMS, filesystem_type, fsync_dir, pid_alive, run_io, start_writeback, write_all
+from backends.fileio import (
+    LOCAL_FILESYSTEMS,
+    filesystem_type,
+    fsync_dir,
+    pid_alive,
+    run_io,
+    start_writeback,
+    translate_oserror,
+    write_all,
+)
 from backends.tiers import TierId
 
 _STAGING_SUFFIX = ".part"
@@ -86,6 +95,16 @@ class PosixStagedChunk:
             self._pending_bytes %= FOLIO_BYTES
             await self._wait_writing()
             self._writing = asyncio.ensure_future(run_io(self._write_sync, pieces, what="write staged chunk"))
+
+    def write_now(self, data: bytes | memoryview) -> None:
+        """``SyncStagedChunk.write_now``: ``data`` goes to the staging file before this returns. The
+        caller's pieces are whole multiples of ``FOLIO_BYTES`` (its last may be shorter), so every
+        write still starts at a multiple of it."""
+        assert self._writing is None and not self._pending, "write_now after write"
+        try:
+            self._write_sync([data])
+        except OSError as exc:
+            raise translate_oserror(exc, "write staged chunk") from exc
 
     async def _wait_writing(self) -> None:
         writing = self._writing

@@ -70,6 +70,24 @@ class PutResult:
     info: ChunkInfo
 
 
+class ThreadedBody(Protocol):
+    """A request body whose pieces can be received in a worker thread (``gateway.api.intake``'s
+    threaded receives): a PUT then receives, hashes and writes each piece in one thread, with no
+    hand-off per piece and the bytes still in that thread's cache when they are written."""
+
+    async def consume_in_thread(self, consume: Callable[[memoryview], None]) -> ThreadedOutcome:
+        """Call ``consume`` from one worker thread with the body's leading pieces, in order, while they
+        arrive fast; return once the body is complete or stops arriving fast (or no reader thread is
+        free): the rest, if any, then comes from the body's async iterator as usual. ``consume`` must
+        not keep a piece: its buffer is refilled once it returns. An exception from ``consume`` ends
+        the reading and is raised here, after the body's state is consistent again."""
+
+
+ThreadedOutcome = Literal["complete", "slow", "gone", "skipped"]
+"""How a threaded receive ended: the whole body read; a piece too slow to come (the event loop reads the
+rest); the client went away; not tried (no reader thread free, TLS, nothing left to read)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PrefetchResult:
     accepted: int  # S3-only chunks now being copied into the filesystem tier

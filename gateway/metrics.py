@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.api.http import Message, Receive, Scope, Send
+from gateway.api.http import THREADED_BODY, Message, Receive, Scope, Send
+from gateway.chunks import ThreadedBody, ThreadedOutcome
 
 ASGIApp = Callable[[Scope, Receive, Send], Any]
 
@@ -65,6 +66,11 @@ class RequestMetrics:
         lane = Counter("kvgw_lane_requests", "Lookups the lookup lane answered, and those it handed to the API.",
                        ["result"], registry=registry)
         self.lane_answered, self.lane_handed_over = lane.labels("answered"), lane.labels("handed_over")
+        receives = Counter(
+            "kvgw_threaded_receives", "PUT bodies offered to a threaded receive (gateway.api.intake), by how it ended: "
+            "complete, slow (the event loop read the rest), gone (the client went away), skipped (no reader free).",
+            ["result"], registry=registry)
+        self._threaded_outcomes = {outcome: receives.labels(outcome) for outcome in get_args(ThreadedOutcome)}
 
         # labelled children by label values: ``labels()`` costs a lock and a tuple build per call, a
         # third of what a native HEAD spends in Python (profiled); the label sets are few and fixed
@@ -115,6 +121,7 @@ class RequestMetrics:
         """``app`` measured as ``api``; ``op_of(scope)`` names the operation once the request is done."""
         request_child = self._request_child
         bytes_in, bytes_out = self._bytes_children(api)
+        threaded_outcomes = self._threaded_outcomes
 
         async def measured(scope: Scope, receive: Receive, send: Send) -> None:
             start = time.perf_counter()
@@ -138,6 +145,10 @@ class RequestMetrics:
                     status = message["status"]
                 await send(message)
 
+            extensions = scope.get("extensions")
+            if extensions is not None and THREADED_BODY in extensions:
+                body = extensions[THREADED_BODY]
+                extensions[THREADED_BODY] = _MeasuredThreadedBody(body, bytes_in, threaded_outcomes)
             try:
                 await app(scope, counting_receive, counting_send)
             finally:
@@ -146,6 +157,32 @@ class RequestMetrics:
                 latency.observe(time.perf_counter() - start)
 
         return measured
+
+
+class _MeasuredThreadedBody:
+    """A ``ThreadedBody`` whose bytes count as received (``kvgw_request_body_bytes``, as ``wrap``'s
+    ``receive`` counts the rest) and whose outcome is counted (``kvgw_threaded_receives``)."""
+
+    def __init__(self, body: ThreadedBody, bytes_in: Any, outcomes: Mapping[str, Any]) -> None:
+        self._body = body
+        self._bytes_in = bytes_in
+        self._outcomes = outcomes
+
+    async def consume_in_thread(self, consume: Callable[[memoryview], None]) -> ThreadedOutcome:
+        received = 0
+
+        def counted(piece: memoryview) -> None:
+            nonlocal received
+            consume(piece)
+            received += len(piece)
+
+        try:
+            outcome = await self._body.consume_in_thread(counted)
+        finally:
+            if received:
+                self._bytes_in.inc(received)
+        self._outcomes[outcome].inc()
+        return outcome
 
 
 class StatsCollector(Collector):

@@ -35,6 +35,7 @@ unreachable for long; see ``gateway.cluster``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -44,7 +45,7 @@ from dataclasses import replace
 import xxhash
 
 from backends import errors as backend
-from backends.base import HASH_ON_LOOP_BYTES, ChunkMeta, FileLocator, Tier
+from backends.base import HASH_ON_LOOP_BYTES, ChunkMeta, FileLocator, SyncStagedChunk, Tier
 from backends.catalog.store import BucketPolicy
 from backends.index import ChunkIndex, IndexEntry
 from backends.request_path import RequestPathTier, request_budget
@@ -62,6 +63,7 @@ from gateway.chunks import (
     PrefetchResult,
     PutResult,
     RemovedReason,
+    ThreadedBody,
     resolve_range,
 )
 from gateway.config import Settings
@@ -90,6 +92,35 @@ class _StaleEntry(Exception):
     def __init__(self, fresh: ChunkInfo) -> None:
         super().__init__()
         self.fresh = fresh
+
+
+class _BodyTally:
+    """What a PUT has received so far: its size, held to the declared length and the bucket's chunk
+    size limit as the bytes arrive, its xxh3-64 and, when the client sent a Content-MD5, its MD5. Fed
+    one piece at a time, from the event loop or from a receiving thread, never both at once."""
+
+    def __init__(self, bucket: BucketPolicy, length: int | None, *, md5: bool) -> None:
+        self.bucket = bucket
+        self.length = length
+        self.received = 0
+        self.hasher = xxhash.xxh3_64()
+        self.md5 = hashlib.md5() if md5 else None
+
+    def add(self, piece: bytes | memoryview) -> None:
+        self.received += len(piece)
+        if self.length is not None and self.received > self.length:
+            raise InvalidRequest("the body is longer than Content-Length")
+        if self.length is None and self.received > self.bucket.max_chunk_bytes:
+            check_chunk_size(self.bucket, self.received)
+        self.hasher.update(piece)
+        if self.md5 is not None:
+            self.md5.update(piece)
+
+
+def _tally_and_write(tally: _BodyTally, write_now: Callable[[memoryview], None], piece: memoryview) -> None:
+    """One piece of a threaded receive, in its worker thread: counted and hashed, then written."""
+    tally.add(piece)
+    write_now(piece)
 
 
 class ChunkService:
@@ -473,6 +504,7 @@ class ChunkService:
         ttl: int | None = None,
         parent: str | None = None,
         attrs: dict[str, str] | None = None,
+        threaded: ThreadedBody | None = None,
     ) -> PutResult:
         """Stream ``body`` into the bucket's write tier; publish only if complete and matching the
         given digests. With write-through the chunk is queued for S3 in the same index commit.
@@ -480,7 +512,9 @@ class ChunkService:
         ``attrs`` is read only after the body has been consumed, so a caller may add values computed
         from the body while it streams (the S3 API stores the checksums it verified that way).
         ``length`` None: the body's end decides the size (a chunked upload), still within the bucket's
-        chunk size limit, which is then enforced as the bytes arrive.
+        chunk size limit, which is then enforced as the bytes arrive. ``threaded``: the same body, whose
+        leading pieces can be received in a worker thread; where the tier can take bytes from that
+        thread (``SyncStagedChunk``), they are hashed and written there, and ``body`` yields the rest.
         """
         if length is not None:
             check_chunk_size(bucket, length)
@@ -488,31 +522,24 @@ class ChunkService:
         bit = TierId.S3 if bucket.write_tier == TierId.S3.label and self._s3 is not None else TierId.FS
         tier = self._tiers[bit]
         digest = chunk_digest(bucket.name, key)
-        hasher = xxhash.xxh3_64()
-        md5_hasher = hashlib.md5() if md5 is not None else None
-        received = 0
+        tally = _BodyTally(bucket, length, md5=md5 is not None)
         try:
             staged = await tier.stage(digest)
         except backend.BackendError as exc:
             raise translate_backend_error(exc) from exc
         try:
+            if threaded is not None and isinstance(staged, SyncStagedChunk):
+                await threaded.consume_in_thread(functools.partial(_tally_and_write, tally, staged.write_now))
             async for piece in body:
-                received += len(piece)
-                if length is not None and received > length:
-                    raise InvalidRequest("the body is longer than Content-Length")
-                if length is None and received > bucket.max_chunk_bytes:
-                    check_chunk_size(bucket, received)
-                hasher.update(piece)
-                if md5_hasher is not None:
-                    md5_hasher.update(piece)
+                tally.add(piece)
                 await staged.write(piece)
-            if length is not None and received != length:
-                raise IncompleteBody(f"received {received} of {length} bytes")
-            size = received
-            value = hasher.intdigest()
+            size = tally.received
+            if length is not None and size != length:
+                raise IncompleteBody(f"received {size} of {length} bytes")
+            value = tally.hasher.intdigest()
             if checksum is not None and checksum != value:
                 raise BadDigest("the body does not match X-Kvgw-Checksum")
-            if md5_hasher is not None and md5_hasher.digest() != md5:
+            if tally.md5 is not None and tally.md5.digest() != md5:
                 raise BadDigest("the body does not match Content-MD5")
             now = self._clock()
             ttl = ttl if ttl is not None else bucket.default_ttl_seconds

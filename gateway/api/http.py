@@ -19,7 +19,7 @@ from urllib.parse import unquote, unquote_to_bytes
 
 import orjson
 
-from gateway.chunks import MAX_TTL_SECONDS, ByteRange
+from gateway.chunks import MAX_TTL_SECONDS, ByteRange, ThreadedBody, ThreadedOutcome
 from gateway.errors import IncompleteBody, InvalidRequest, MissingContentLength
 from gateway.logs import current_request_id
 
@@ -62,6 +62,10 @@ def http_date(ts: float) -> str:
 @functools.lru_cache(maxsize=4096)
 def _http_date_of_second(second: int) -> str:
     return formatdate(second, usegmt=True)
+
+
+THREADED_BODY = "kvgw.threaded_body"
+"""The scope extension under which the body intake offers itself as a ``ThreadedBody`` (``threaded_body``)."""
 
 
 class IndexedAnswer(NamedTuple):
@@ -131,6 +135,13 @@ class Request:
             if piece:
                 yield piece
 
+    def threaded_body(self) -> ThreadedBody | None:
+        """The body as a ``ThreadedBody`` (``gateway.api.intake``'s threaded receives) when the body
+        intake takes it, else None; what it receives counts as received, as ``body`` counts."""
+        extensions = self.scope.get("extensions") or {}
+        intake: ThreadedBody | None = extensions.get(THREADED_BODY)
+        return None if intake is None else _CountedThreadedBody(self, intake)
+
     async def read_body(self, limit: int, idle_timeout: float = 30.0) -> bytes:
         """The whole body, at most ``limit`` bytes. No async generator: exists / prefix read a small
         body per call (almost always one message, returned without a copy)."""
@@ -193,6 +204,24 @@ class Request:
         except IncompleteBody:
             return False
         return True
+
+
+class _CountedThreadedBody:
+    """A ``ThreadedBody`` whose pieces count towards the request's ``body_received`` (``drain``)."""
+
+    def __init__(self, req: Request, body: ThreadedBody) -> None:
+        self._req = req
+        self._body = body
+
+    async def consume_in_thread(self, consume: Callable[[memoryview], None]) -> ThreadedOutcome:
+        req = self._req
+        req.body_consumed = True
+
+        def counted(piece: memoryview) -> None:
+            consume(piece)
+            req.body_received += len(piece)
+
+        return await self._body.consume_in_thread(counted)
 
 
 def path_segment(raw: str, errors: str = "strict") -> str:

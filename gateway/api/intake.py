@@ -26,16 +26,37 @@ body that trickles in is handed over as it arrives once the app has waited ``PAR
 a full piece (a copy, on that slow path only), so the apps' body idle deadline keeps meaning "no byte
 for that long".
 
+**Threaded receives** (``consume_in_thread``: the ``ThreadedBody`` a native PUT hands the service):
+the service can take the body in a worker thread instead, where one thread receives each piece from
+the socket into one reused buffer, and the service hashes it and the filesystem tier writes it before
+the next is received. The event loop then does nothing per piece (no callback per socket read, no
+hand-off to a write thread, no fresh piece), and the bytes are still in that core's cache when they
+are copied into the page cache (BENCHMARKS.md, "kvgw bench io", has the measurements). Meanwhile the
+transport does not read: the thread reads the socket's descriptor itself, sleeping until
+``THREADED_WAKE_BYTES`` have arrived (``SO_RCVLOWAT``) rather than waking per segment. It gives up, and
+the intake reads the rest as above, as soon as a piece takes longer than ``THREADED_PIECE_SECONDS`` to
+arrive (a slow or stalled client holds no thread) or the client goes away. At most
+``THREADED_RECEIVERS`` at once; a PUT that finds none free is read as above. Not over TLS (the socket
+holds ciphertext).
+
 Left to uvicorn: other methods, bodies below the threshold or without a ``Content-Length``
 (``Transfer-Encoding``), and pipelined requests (their cycle waits behind another one).
 
-Everything here runs on the event loop.
+Everything here runs on the event loop, but ``_receive_in_thread`` and what it calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import contextlib
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -44,12 +65,19 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from backends.posix import FOLIO_BYTES
 from gateway.api.connections import GuardedHttpProtocol
-from gateway.api.http import plain_body_length
+from gateway.api.http import THREADED_BODY, plain_body_length
+from gateway.chunks import ThreadedOutcome
 
 INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on skip uvicorn's copies
 INTAKE_PIECE_BYTES = FOLIO_BYTES  # one ASGI message per piece: the filesystem tier's write unit
 QUEUED_PIECES = 1  # full pieces waiting for the app before reading pauses: one (2 and 1 measured alike)
 PARTIAL_AFTER = 1.0  # seconds the app waits for a full piece before it gets what has arrived
+THREADED_RECEIVERS = 4  # threads receiving bodies; more PUTs at once are read by the event loop
+THREADED_WAKE_BYTES = 512 << 10  # a threaded receive sleeps until this much of its piece has arrived
+THREADED_PIECE_SECONDS = 0.25  # a threaded receive gives up when a piece takes longer (slower than 8 MB/s)
+
+_RECEIVERS = concurrent.futures.ThreadPoolExecutor(THREADED_RECEIVERS, thread_name_prefix="kvgw-body")
+_RECEIVER_SLOTS = threading.BoundedSemaphore(THREADED_RECEIVERS)  # taken without waiting: none free, the loop reads
 
 
 class BodyIntake(asyncio.BufferedProtocol):
@@ -71,6 +99,96 @@ class BodyIntake(asyncio.BufferedProtocol):
     def complete(self) -> bool:
         """Every byte of the body has been received."""
         return self._unread == 0
+
+    # -- threaded receives -------------------------------------------------------------------------
+
+    async def consume_in_thread(self, consume: Callable[[memoryview], None]) -> ThreadedOutcome:
+        """``gateway.chunks.ThreadedBody``: the body's pieces handed to ``consume`` in a worker thread
+        (the module's docstring says when); whatever is left comes from ``receive`` afterwards."""
+        http = self._http
+        transport = http.transport
+        if (self._lost or self.complete or self._handed or transport.is_closing()
+                or transport.get_extra_info("sslcontext") is not None or not _RECEIVER_SLOTS.acquire(blocking=False)):
+            return "skipped"
+        self._send_continue()
+        http.flow.pause_reading()  # from here until the thread ends, only the thread reads the socket
+        stop = threading.Event()
+        sock = transport.get_extra_info("socket")
+        read = http.loop.run_in_executor(_RECEIVERS, self._receive_in_thread, sock, consume, stop)
+        try:
+            try:
+                outcome: ThreadedOutcome = await asyncio.shield(read)
+            except asyncio.CancelledError:
+                stop.set()  # the thread ends within a piece's deadline: wait for it, so that the caller
+                await asyncio.wait([read])  # cleans up (the staged file) only once it is not written to
+                raise
+        finally:
+            _RECEIVER_SLOTS.release()
+            self._after_thread()
+        if outcome == "gone":
+            self.lose()
+        return outcome
+
+    def _receive_in_thread(self, sock: socket.socket, consume: Callable[[memoryview], None],
+                           stop: threading.Event) -> ThreadedOutcome:
+        """The threaded receive, in a worker thread (``_receive_pieces``), leaving the socket's
+        low-water mark as the event loop expects it."""
+        try:
+            return self._receive_pieces(sock, consume, stop)
+        finally:
+            with contextlib.suppress(OSError):  # closed under us (a server shutting down): nothing to restore
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # as the event loop had it
+
+    def _receive_pieces(self, sock: socket.socket, consume: Callable[[memoryview], None],
+                        stop: threading.Event) -> ThreadedOutcome:
+        """The pieces already received, then the rest of the body into the current piece's buffer,
+        reused for every piece. Touches only this intake's piece, ``_filled``, ``_unread`` and
+        ``_ready``, which nothing on the event loop uses while the transport is paused and the app
+        awaits this."""
+        while self._ready:
+            consume(memoryview(self._ready.popleft()))
+        buffer = memoryview(self._piece)
+        fd = sock.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        lowat = 1
+        while self._unread:
+            if stop.is_set():
+                return "slow"
+            size = min(len(buffer), self._filled + self._unread)  # this piece: never past the body's end
+            deadline = time.monotonic() + THREADED_PIECE_SECONDS
+            while self._filled < size:
+                try:
+                    n = os.readv(fd, [buffer[self._filled : size]])
+                except BlockingIOError:
+                    wanted = min(size - self._filled, THREADED_WAKE_BYTES)
+                    if wanted != lowat:  # wake when this much has arrived, not on every segment
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted)
+                        lowat = wanted
+                    left = deadline - time.monotonic()
+                    if left <= 0 or stop.is_set() or not poller.poll(left * 1000):
+                        return "slow"
+                    continue
+                except OSError:  # reset
+                    return "gone"
+                if n == 0:
+                    return "gone"
+                self._filled += n
+                self._unread -= n
+            self._filled = 0  # handed over, whatever ``consume`` makes of it
+            consume(buffer[:size])
+        return "complete"
+
+    def _after_thread(self) -> None:
+        """Back on the event loop after a threaded receive: the body's end as ``buffer_updated`` would
+        have seen it, or the intake reading the rest into a piece that ends where the body ends."""
+        if self.complete:
+            self._http.intake_done()
+        elif len(self._piece) - self._filled > self._unread:
+            piece = bytearray(self._filled + self._unread)  # the reused buffer is longer than what is left
+            piece[: self._filled] = self._piece[: self._filled]
+            self._piece = piece
+        self._http.flow.resume_reading()
 
     # -- bytes in --------------------------------------------------------------------------------
 
@@ -129,9 +247,7 @@ class BodyIntake(asyncio.BufferedProtocol):
     async def receive(self) -> ASGIReceiveEvent:
         """The cycle's ``receive`` while this body lasts: its pieces in order, then uvicorn's own."""
         cycle = self._cycle
-        if cycle.waiting_for_100_continue and not self._http.transport.is_closing():
-            self._http.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            cycle.waiting_for_100_continue = False
+        self._send_continue()
         if not self._ready and not self._lost and not cycle.response_complete:
             if self.complete:
                 return await RequestResponseCycle.receive(cycle)  # the body was all handed over
@@ -144,6 +260,12 @@ class BodyIntake(asyncio.BufferedProtocol):
         # a bytearray where ASGI says bytes: bytes-like for every reader here, and never changed again
         return {"type": "http.request", "body": piece,  # type: ignore[typeddict-item]
                 "more_body": bool(self._ready) or not self.complete}
+
+    def _send_continue(self) -> None:
+        """``100 Continue`` if the client waits for it, as uvicorn sends it on the app's first receive."""
+        if self._cycle.waiting_for_100_continue and not self._http.transport.is_closing():
+            self._http.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._cycle.waiting_for_100_continue = False
 
     async def _wait(self) -> None:
         loop = self._http.loop
@@ -186,6 +308,8 @@ class IntakeHttpProtocol(GuardedHttpProtocol):
         if length is not None:
             self._intake = BodyIntake(self, self.cycle, length)
             self.cycle.receive = self._intake.receive  # type: ignore[method-assign]  # its task has not run yet
+            extensions: dict[str, object] = self.cycle.scope.setdefault("extensions", {})  # type: ignore[assignment]
+            extensions[THREADED_BODY] = self._intake  # ``Request.threaded_body``
 
     def _intake_length(self) -> int | None:
         """The body length of the request just begun if the intake takes it, else None."""

@@ -275,7 +275,7 @@ class NativeAPI:
             return
         result = await self.service.put(
             bucket, key, req.body(self.body_idle_timeout),
-            length=length, checksum=checksum, md5=md5, ttl=ttl, parent=parent,
+            length=length, checksum=checksum, md5=md5, ttl=ttl, parent=parent, threaded=req.threaded_body(),
         )
         if not result.created:
             await self._send_existed(req, send, result.info, drain_limit=0)

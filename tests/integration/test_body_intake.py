@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import xxhash
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.intake import INTAKE_MIN_BYTES, INTAKE_PIECE_BYTES, PARTIAL_AFTER
 from tests.conftest import ServerProcess
@@ -74,6 +75,18 @@ def connect(server: ServerProcess) -> socket.socket:
     return sock
 
 
+def receives(server: ServerProcess) -> dict[str, float]:
+    """``kvgw_threaded_receives_total`` by result: how the gateway's threaded receives have ended."""
+    text = httpx.get(f"{server.url}/metrics", headers=server.auth, timeout=10).text
+    return {sample.labels["result"]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "kvgw_threaded_receives_total"}
+
+
+def ended_since(before: dict[str, float], server: ServerProcess) -> dict[str, float]:
+    return {result: count - before.get(result, 0.0) for result, count in receives(server).items()
+            if count != before.get(result, 0.0)}
+
+
 def stored(server: ServerProcess, key: str) -> bytes | None:
     answer = httpx.get(server.chunk_url(key), headers=server.auth, timeout=30)
     return answer.content if answer.status_code == 200 else None
@@ -106,14 +119,29 @@ def test_puts_back_to_back_and_a_get_pipelined_behind_them_on_one_connection(
         assert httpx.delete(gateway.chunk_url(key), headers=gateway.auth).status_code == 204
 
 
+def test_a_body_sent_in_one_go_is_received_by_a_worker_thread(gateway: ServerProcess) -> None:
+    body = os.urandom(BIG)
+    before = receives(gateway)
+    with connect(gateway) as sock:
+        sock.sendall(put_head(gateway, "threaded", len(body)) + body)
+        assert Responses(sock).next()[0] == 201
+    # one threaded receive, to the end unless a piece took longer than its deadline to arrive
+    assert sum(ended_since(before, gateway).get(result, 0) for result in ("complete", "slow")) == 1
+    assert stored(gateway, "threaded") == body
+
+
 def test_a_body_that_pauses_mid_piece_is_stored_whole(gateway: ServerProcess) -> None:
     body = os.urandom(BIG)
+    before = receives(gateway)
     with connect(gateway) as sock:
         sock.sendall(put_head(gateway, "paused", len(body)) + body[:300_000])
         time.sleep(PARTIAL_AFTER * 1.5)  # the app gets the partial piece, and waits on within its deadline
         sock.sendall(body[300_000:])
         status, _, _ = Responses(sock).next()
     assert status == 201
+    # a worker thread took the body (and, unless the gateway reached it only after the pause, gave it back
+    # to the event loop when the pause outlasted a piece's deadline)
+    assert sum(ended_since(before, gateway).get(result, 0) for result in ("complete", "slow")) == 1
     assert stored(gateway, "paused") == body
 
 
@@ -145,11 +173,13 @@ def test_a_body_the_client_abandons_stores_nothing_and_the_gateway_serves_on(gat
 
 def test_a_stalled_body_gets_its_error_after_the_idle_deadline_and_stores_nothing(gateway: ServerProcess) -> None:
     body = os.urandom(BIG)
+    before = receives(gateway)
     with connect(gateway) as sock:
         sock.sendall(put_head(gateway, "stalled", len(body)) + body[: INTAKE_PIECE_BYTES + 1000])
         status, headers, answer = Responses(sock).next()  # nothing more is sent
         assert status == 400 and b"IncompleteBody" in answer and headers["connection"] == "close"
         assert sock.recv(1) == b""  # the rest of that body will never be parsed as a request
+    assert ended_since(before, gateway) == {"slow": 1}  # no thread waited for it
     assert stored(gateway, "stalled") is None
 
 

@@ -5,6 +5,7 @@ writes are observed at ``write_all``, where the tier hands them to ``os.writev``
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -14,6 +15,7 @@ import xxhash
 
 from backends import fileio, posix
 from backends.base import ChunkMeta
+from backends.errors import StorageFull
 from backends.posix import FOLIO_BYTES, PosixTier, split_at
 from kvgw_client.keys import chunk_digest
 
@@ -54,4 +56,48 @@ async def test_staged_bytes_reach_the_file_in_aligned_folio_pieces(tmp_path: Pat
     assert all(offset % FOLIO_BYTES == 0 and length % FOLIO_BYTES == 0 for offset, length in body_writes)
     assert last_offset == len(data) // FOLIO_BYTES * FOLIO_BYTES
     assert bytes(await tier.read(digest, 0, len(data))) == data
+    await tier.close()
+
+
+async def test_write_now_puts_a_threaded_receive_s_pieces_in_the_file_before_it_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write_now`` (a threaded receive's worker thread): each piece is in the file when it returns, so the
+    caller may refill its buffer; whole folios land aligned, the tail and footer come with publish."""
+    writes: list[tuple[int, int]] = []
+    real_write_all = fileio.write_all
+
+    def recording_write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
+        writes.append((os.lseek(fd, 0, os.SEEK_CUR), sum(len(p) for p in pieces)))
+        real_write_all(fd, pieces)
+
+    monkeypatch.setattr(posix, "write_all", recording_write_all)
+    tier = PosixTier(tmp_path / "tier", fsync=False)
+    data = random.Random(7).randbytes(3 * FOLIO_BYTES + 999)
+    digest = chunk_digest("kvcache", "direct")
+    staged = await tier.stage(digest)
+    buffer = bytearray(FOLIO_BYTES)  # one buffer, refilled for every piece as a threaded receive does
+    for at in range(0, len(data), FOLIO_BYTES):
+        piece = data[at:at + FOLIO_BYTES]
+        buffer[:len(piece)] = piece
+        staged.write_now(memoryview(buffer)[:len(piece)])
+    buffer[:] = bytes(FOLIO_BYTES)  # nothing of what was written may still depend on the buffer
+    meta = ChunkMeta(bucket="kvcache", key="direct", size=len(data), checksum=xxhash.xxh3_64_intdigest(data),
+                     created=1.0)
+    assert await staged.publish(meta)
+    assert writes[:3] == [(0, FOLIO_BYTES), (FOLIO_BYTES, FOLIO_BYTES), (2 * FOLIO_BYTES, FOLIO_BYTES)]
+    assert bytes(await tier.read(digest, 0, len(data))) == data
+    await tier.close()
+
+
+async def test_write_now_turns_a_full_disk_into_storage_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(fd: int, pieces: list[bytes | memoryview]) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(posix, "write_all", full)
+    tier = PosixTier(tmp_path / "tier", fsync=False)
+    staged = await tier.stage(chunk_digest("kvcache", "full"))
+    with pytest.raises(StorageFull):
+        staged.write_now(b"x" * 10)
+    await staged.discard()
+    assert not list((tmp_path / "tier").rglob("*.part"))  # the staging file went with the discard
     await tier.close()

@@ -7,6 +7,9 @@ The HTTP protocol and uvicorn's cycle around it are stand-ins recording what the
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -31,6 +34,10 @@ class FakeFlow:
 class FakeTransport:
     def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.extra: dict[str, Any] = {}  # ``get_extra_info``: a threaded receive's socket, TLS
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.extra.get(name)
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -131,3 +138,135 @@ async def test_a_lost_connection_wakes_the_app_with_a_disconnect() -> None:
     taker.lose()
     assert await waiting == {"type": "http.disconnect"}
     assert await taker.receive() == {"type": "http.disconnect"}
+
+
+# -- threaded receives: the rest of the body read from a real socket in a worker thread ---------------
+
+
+@pytest.fixture
+def peer() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A loopback TCP connection: (the gateway's end, non-blocking as the event loop keeps it; the
+    client's end)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        theirs = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+    ours.setblocking(False)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def threaded(length: int, ours: socket.socket) -> tuple[BodyIntake, FakeHttp]:
+    taker, http, _ = make(length)
+    http.transport.extra["socket"] = ours
+    return taker, http
+
+
+class Collected:
+    """A ``consume`` that copies what it is given (a piece's buffer is refilled once it returns)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.threads: set[int] = set()
+
+    def __call__(self, piece: memoryview) -> None:
+        self.pieces.append(bytes(piece))
+        self.threads.add(threading.get_ident())
+
+
+def sender(sock: socket.socket, data: bytes) -> threading.Thread:
+    thread = threading.Thread(target=sock.sendall, args=(data,))
+    thread.start()
+    return thread
+
+
+async def test_a_threaded_receive_hands_every_piece_to_a_worker_thread_and_ends_the_body(
+        peer: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = peer
+    body = bytes(range(256)) * ((2 * INTAKE_PIECE_BYTES + 1000) // 256) + b"tail"
+    taker, http = threaded(len(body), ours)
+    taker.feed(body[:5000])  # what came with the head
+    receive_into(taker, body[5000 : INTAKE_PIECE_BYTES + 10])  # a full piece already waits: it goes first
+    sending = sender(theirs, body[INTAKE_PIECE_BYTES + 10 :])
+    consume = Collected()
+
+    assert await taker.consume_in_thread(consume) == "complete"
+    sending.join()
+    assert [len(p) for p in consume.pieces] == [INTAKE_PIECE_BYTES, INTAKE_PIECE_BYTES, len(body) % INTAKE_PIECE_BYTES]
+    assert b"".join(consume.pieces) == body
+    assert threading.get_ident() not in consume.threads and len(consume.threads) == 1
+    assert http.done == 1 and not http.flow.paused  # the HTTP protocol has the transport back, reading
+
+
+async def test_a_threaded_receive_gives_a_slow_body_back_to_the_event_loop_where_it_stopped(
+        peer: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(intake, "THREADED_PIECE_SECONDS", 0.01)
+    ours, theirs = peer
+    body = b"a" * INTAKE_PIECE_BYTES + b"b" * 700_000 + b"c" * 300_000  # the last piece is short
+    taker, http = threaded(len(body), ours)
+    sent = INTAKE_PIECE_BYTES + 700_000
+    sending = sender(theirs, body[:sent])  # then nothing: the read gives up
+    consume = Collected()
+
+    assert await taker.consume_in_thread(consume) == "slow"
+    sending.join()
+    assert http.done == 0 and not http.flow.paused
+    # the event loop reads the rest: what the thread left in the socket, then the body's last bytes,
+    # into the piece the thread was filling, which ends where the body ends
+    left = b""
+    while True:
+        try:
+            left += ours.recv(1 << 20)
+        except BlockingIOError:
+            break
+    assert len(taker.get_buffer(-1)) <= len(left) + len(body) - sent  # never past the body's end
+    receive_into(taker, left + body[sent:])
+    messages = [await taker.receive()]
+    while messages[-1]["more_body"]:
+        messages.append(await taker.receive())
+    assert b"".join([*consume.pieces, *(bytes(m["body"]) for m in messages)]) == body
+    assert http.done == 1
+
+
+async def test_a_client_that_goes_away_mid_threaded_receive_gets_the_app_a_disconnect(
+        peer: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = peer
+    taker, _ = threaded(3 * INTAKE_PIECE_BYTES, ours)
+    theirs.sendall(b"x" * (INTAKE_PIECE_BYTES + 10))
+    theirs.close()
+    consume = Collected()
+
+    assert await taker.consume_in_thread(consume) == "gone"
+    assert [len(p) for p in consume.pieces] == [INTAKE_PIECE_BYTES]
+    assert await taker.receive() == {"type": "http.disconnect"}
+
+
+async def test_a_failing_consumer_ends_the_threaded_receive_and_frees_its_reader(
+        peer: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(intake, "_RECEIVER_SLOTS", threading.BoundedSemaphore(1))
+    ours, theirs = peer
+    taker, http = threaded(2 * INTAKE_PIECE_BYTES, ours)
+    theirs.sendall(b"x" * INTAKE_PIECE_BYTES)
+
+    def full_disk(piece: memoryview) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        await taker.consume_in_thread(full_disk)
+    assert not http.flow.paused  # the connection reads again (the app answers, then drains or closes)
+    other, _ = threaded(10, ours)
+    theirs.sendall(b"0123456789")
+    assert await other.consume_in_thread(Collected()) == "complete"  # the one reader slot was given back
+
+
+async def test_no_threaded_receive_over_tls_or_without_a_free_reader(
+        peer: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    ours, _ = peer
+    taker, http = threaded(INTAKE_PIECE_BYTES, ours)
+    http.transport.extra["sslcontext"] = object()
+    assert await taker.consume_in_thread(Collected()) == "skipped"
+    monkeypatch.setattr(intake, "_RECEIVER_SLOTS", threading.BoundedSemaphore(1))
+    intake._RECEIVER_SLOTS.acquire()
+    taker, http = threaded(INTAKE_PIECE_BYTES, ours)
+    assert await taker.consume_in_thread(Collected()) == "skipped"
+    assert not http.flow.paused and http.flow.pauses == 0  # the event loop reads this body as before

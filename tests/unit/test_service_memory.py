@@ -1,29 +1,34 @@
 """The real ChunkService, in process, over a real LMDB index and catalog and a memory tier behind a
 fault-injecting wrapper: write-once, failure translation and "nothing visible after a failed write",
-in milliseconds and without a server or a disk tier.
+in milliseconds and without a server or a disk tier; the filesystem tier in a temporary directory only
+where a PUT takes part of its body from a threaded receive (a worker thread), which that tier alone allows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import xxhash
 
+from backends.base import Tier
 from backends.catalog.store import BucketPolicy
 from backends.faulty import Fault, FaultyTier
 from backends.index import ChunkIndex
 from backends.memory import MemoryStore, MemoryTier
+from backends.posix import FOLIO_BYTES, PosixTier
 from backends.tiers import TierId
 from gateway.access import ANONYMOUS_ROOT, Directory
+from gateway.chunks import ThreadedOutcome
 from gateway.config import Settings
-from gateway.errors import InsufficientStorage, NoSuchChunk, ServiceUnavailable
+from gateway.errors import BadDigest, InsufficientStorage, InvalidRequest, NoSuchChunk, ServiceUnavailable
 from gateway.runtime import bootstrap, open_catalog
 from gateway.service import ChunkService
 from kvgw_client.keys import chunk_digest
@@ -41,10 +46,9 @@ class Rig:
     bucket: BucketPolicy
 
 
-@pytest.fixture
-async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Rig]:
-    for name in [n for n in os.environ if n.startswith("KVGW_")]:  # only what this test says counts
-        monkeypatch.delenv(name)
+@contextlib.asynccontextmanager
+async def service_over(tmp_path: Path, tier: Tier) -> AsyncIterator[tuple[ChunkService, ChunkIndex, BucketPolicy]]:
+    """The real service over ``tier`` (its filesystem tier), a real index and catalog in ``tmp_path``."""
     settings = Settings(data_dir=tmp_path / "data", fsync=False, verify_reads=True,
                         whole_read_max_bytes=WHOLE_READ_MAX, read_window_bytes=16 * 1024)
     catalog = open_catalog(settings)
@@ -52,16 +56,28 @@ async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
     directory = Directory(catalog, anonymous=ANONYMOUS_ROOT, refresh_seconds=3600)
     directory.load()
     index = ChunkIndex(tmp_path / "index")
-    store = MemoryStore()
-    tier = FaultyTier(MemoryTier(store, name="fs"))
     service = ChunkService(settings, directory, index, {TierId.FS: tier}, clock=lambda: NOW)
     try:
-        yield Rig(service, tier, store, index, await service.bucket(settings.default_bucket))
+        yield service, index, await service.bucket(settings.default_bucket)
     finally:
         await service.close()
         await index.flush()
         index.close()
         catalog.close()
+
+
+@pytest.fixture(autouse=True)
+def _only_this_tests_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("KVGW_")]:  # only what this test says counts
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    store = MemoryStore()
+    tier = FaultyTier(MemoryTier(store, name="fs"))
+    async with service_over(tmp_path, tier) as (service, index, bucket):
+        yield Rig(service, tier, store, index, bucket)
 
 
 def blob(size: int, seed: int = 0) -> bytes:
@@ -167,3 +183,65 @@ async def test_chunk_is_invisible_until_publish_completes(rig: Rig) -> None:
     gate.set()
     assert await writer is True
     assert await get(rig, "slow") == blob(3000)
+
+
+# -- threaded receives (gateway.chunks.ThreadedBody): leading pieces hashed and written in a worker thread --
+
+
+class HalfThreaded:
+    """A ``ThreadedBody`` that hands the first ``threaded`` bytes over from a worker thread, one reused
+    buffer per piece (as the body intake does); the rest is left to the body's async iterator."""
+
+    def __init__(self, data: bytes, threaded: int, piece: int) -> None:
+        self.data, self.threaded, self.piece = data, threaded, piece
+        self.calls = 0
+
+    async def consume_in_thread(self, consume: Callable[[memoryview], None]) -> ThreadedOutcome:
+        self.calls += 1
+
+        def run() -> None:
+            buffer = bytearray(self.piece)
+            for at in range(0, self.threaded, self.piece):
+                piece = self.data[at:min(at + self.piece, self.threaded)]
+                buffer[:len(piece)] = piece
+                consume(memoryview(buffer)[:len(piece)])
+
+        await asyncio.to_thread(run)
+        return "slow" if self.threaded < len(self.data) else "complete"
+
+
+@pytest.mark.parametrize("threaded", [0, FOLIO_BYTES, 3 * FOLIO_BYTES + 100], ids=["none", "part", "all"])
+async def test_a_put_takes_the_pieces_a_threaded_receive_hands_it_then_the_rest(tmp_path: Path, threaded: int) -> None:
+    data = blob(3 * FOLIO_BYTES + 100, seed=3)
+    async with service_over(tmp_path, PosixTier(tmp_path / "fs", fsync=False)) as (service, _, bucket):
+        source = HalfThreaded(data, threaded, FOLIO_BYTES)
+        result = await service.put(bucket, "direct", body_of(data[threaded:], FOLIO_BYTES), length=len(data),
+                                   checksum=xxhash.xxh3_64_intdigest(data), threaded=source)
+        assert result.created and source.calls == 1
+        body = await service.open(bucket, "direct")
+        try:
+            assert b"".join([bytes(piece) async for piece in body]) == data
+        finally:
+            await body.close()
+
+
+async def test_a_threaded_receive_is_held_to_the_body_s_length_and_checksum(tmp_path: Path) -> None:
+    data = blob(FOLIO_BYTES + 10, seed=4)
+    async with service_over(tmp_path, PosixTier(tmp_path / "fs", fsync=False)) as (service, _, bucket):
+        with pytest.raises(BadDigest):
+            await service.put(bucket, "wrong", body_of(b""), length=len(data),
+                              checksum=xxhash.xxh3_64_intdigest(data) ^ 1,
+                              threaded=HalfThreaded(data, len(data), FOLIO_BYTES))
+        with pytest.raises(InvalidRequest):
+            await service.put(bucket, "long", body_of(b""), length=len(data) - 1,
+                              threaded=HalfThreaded(data, len(data), FOLIO_BYTES))
+        assert await service.lookup(bucket, "wrong") is None and await service.lookup(bucket, "long") is None
+        assert not list((tmp_path / "fs").rglob("*.part"))  # nothing staged is left behind
+
+
+async def test_a_tier_that_cannot_take_bytes_from_a_thread_gets_the_whole_body_from_the_loop(rig: Rig) -> None:
+    data = blob(FOLIO_BYTES + 10, seed=5)
+    source = HalfThreaded(data, FOLIO_BYTES, FOLIO_BYTES)
+    result = await rig.service.put(rig.bucket, "loop", body_of(data), length=len(data), threaded=source)
+    assert result.created and source.calls == 0
+    assert await get(rig, "loop") == data
