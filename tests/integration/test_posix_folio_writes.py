@@ -31,17 +31,23 @@ def test_split_at_cuts_without_copying() -> None:
     assert isinstance(head[-1], memoryview) and head[-1].obj is pieces[1]  # a view of the piece, not a copy
 
 
-@pytest.mark.parametrize("piece", [65_536, 1_000_003, 3 * FOLIO_BYTES + 7])
-async def test_staged_bytes_reach_the_file_in_aligned_folio_pieces(tmp_path: Path, piece: int,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    writes: list[tuple[int, int]] = []  # (file offset, bytes) of every write_all the tier makes
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(file offset, bytes) of every ``write_all`` the tier makes, as it makes them."""
+    made: list[tuple[int, int]] = []
     real_write_all = fileio.write_all
 
     def recording_write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
-        writes.append((os.lseek(fd, 0, os.SEEK_CUR), sum(len(p) for p in pieces)))
+        made.append((os.lseek(fd, 0, os.SEEK_CUR), sum(len(p) for p in pieces)))
         real_write_all(fd, pieces)
 
     monkeypatch.setattr(posix, "write_all", recording_write_all)
+    return made
+
+
+@pytest.mark.parametrize("piece", [65_536, 1_000_003, 3 * FOLIO_BYTES + 7])
+async def test_staged_bytes_reach_the_file_in_aligned_folio_pieces(tmp_path: Path, piece: int,
+                                                                  writes: list[tuple[int, int]]) -> None:
     tier = PosixTier(tmp_path / "tier", fsync=False)
     data = random.Random(piece).randbytes(4 * FOLIO_BYTES + 12_345)
     digest = chunk_digest("kvcache", f"aligned-{piece}")
@@ -60,20 +66,13 @@ async def test_staged_bytes_reach_the_file_in_aligned_folio_pieces(tmp_path: Pat
 
 
 async def test_write_now_puts_a_threaded_receive_s_pieces_in_the_file_before_it_returns(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``write_now`` (a threaded receive's worker thread): each piece is in the file when it returns, so the
-    caller may refill its buffer; whole folios land aligned, the tail and footer come with publish."""
-    writes: list[tuple[int, int]] = []
-    real_write_all = fileio.write_all
-
-    def recording_write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
-        writes.append((os.lseek(fd, 0, os.SEEK_CUR), sum(len(p) for p in pieces)))
-        real_write_all(fd, pieces)
-
-    monkeypatch.setattr(posix, "write_all", recording_write_all)
+        tmp_path: Path, writes: list[tuple[int, int]]) -> None:
+    """``write_now`` (a threaded receive's worker thread): each piece is in the file when it returns,
+    so the caller may refill its buffer; whole folios land aligned, the tail and footer come with
+    publish."""
     tier = PosixTier(tmp_path / "tier", fsync=False)
     data = random.Random(7).randbytes(3 * FOLIO_BYTES + 999)
-    digest = chunk_digest("kvcache", "direct")
+    digest = chunk_digest("kvcache", "threaded")
     staged = await tier.stage(digest)
     buffer = bytearray(FOLIO_BYTES)  # one buffer, refilled for every piece as a threaded receive does
     for at in range(0, len(data), FOLIO_BYTES):
@@ -81,7 +80,7 @@ async def test_write_now_puts_a_threaded_receive_s_pieces_in_the_file_before_it_
         buffer[:len(piece)] = piece
         staged.write_now(memoryview(buffer)[:len(piece)])
     buffer[:] = bytes(FOLIO_BYTES)  # nothing of what was written may still depend on the buffer
-    meta = ChunkMeta(bucket="kvcache", key="direct", size=len(data), checksum=xxhash.xxh3_64_intdigest(data),
+    meta = ChunkMeta(bucket="kvcache", key="threaded", size=len(data), checksum=xxhash.xxh3_64_intdigest(data),
                      created=1.0)
     assert await staged.publish(meta)
     assert writes[:3] == [(0, FOLIO_BYTES), (FOLIO_BYTES, FOLIO_BYTES), (2 * FOLIO_BYTES, FOLIO_BYTES)]
