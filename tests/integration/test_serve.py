@@ -181,6 +181,9 @@ def test_large_puts_over_https_go_through_the_body_intake(tls_server: ServerProc
         assert status == 200 and body == first
     trusted = ssl.create_default_context(cafile=str(tls_server.ca_file))
     assert httpx.get(tls_server.chunk_url("tls-2"), headers=tls_server.auth, verify=trusted).content == second
+    # the first PUT's body came decrypted through the intake, not from the socket by a threaded receive
+    metrics = httpx.get(f"{tls_server.url}/metrics", headers=tls_server.auth, verify=trusted).text
+    assert 'kvgw_threaded_receives_total{result="skipped"} 1.0' in metrics
 
 
 async def test_https_with_kvgw_client(tls_server: ServerProcess) -> None:
