@@ -1,7 +1,8 @@
 """The body intake's own logic (gateway.api.intake.BodyIntake): pieces, flow control, the slow path.
 
 The HTTP protocol and uvicorn's cycle around it are stand-ins recording what the intake asks of them;
-``tests/integration/test_body_intake.py`` drives the real thing over sockets.
+threaded receives read a real loopback TCP connection; ``tests/integration/test_body_intake.py``
+drives the real thing over sockets.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def threaded(length: int, ours: socket.socket) -> tuple[BodyIntake, FakeHttp]:
 
 
 class Collected:
-    """A ``consume`` that copies what it is given (a piece's buffer is refilled once it returns)."""
+    """A consumer that copies what it is given (a piece's buffer is refilled once it returns)."""
 
     def __init__(self) -> None:
         self.pieces: list[bytes] = []
