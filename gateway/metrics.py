@@ -68,7 +68,8 @@ class RequestMetrics:
         self.lane_answered, self.lane_handed_over = lane.labels("answered"), lane.labels("handed_over")
         receives = Counter(
             "kvgw_threaded_receives", "PUT bodies offered to a threaded receive (gateway.api.intake), by how it ended: "
-            "complete, slow (the event loop read the rest), gone (the client went away), skipped (no reader free).",
+            "complete, slow (the event loop read the rest), gone (the client went away), skipped (not tried: no "
+            "thread free, TLS, or the body already in).",
             ["result"], registry=registry)
         self._threaded_outcomes = {outcome: receives.labels(outcome) for outcome in get_args(ThreadedOutcome)}
 
