@@ -162,7 +162,8 @@ class ObjectHandlers:
                 yield piece
             attrs.update(checksum_attrs(payload.checksums))  # the service records attrs after the body
 
-        result = await service.put(bucket, key, body(), length=payload.length, attrs=attrs)
+        result = await service.put(bucket, key, body(), length=payload.length, attrs=attrs,
+                                   threaded=payload.threaded(call.req.threaded_body()))
         if not result.created:
             await self._existing(call, result.info)
             return

@@ -11,7 +11,9 @@
   ``max_length`` (EntityTooLarge).
 
 Bytes are yielded before the end-of-body checks run, so the service must commit only after the
-iteration finished without error (write the blob, then commit the index). Framing is decided by
+iteration finished without error (write the blob, then commit the index). A payload with nothing to
+compute over its bytes can lend the body's leading part to a threaded receive instead (``threaded``):
+those bytes then skip the iteration but still count toward its length check. Framing is decided by
 ``x-amz-content-sha256`` alone, as S3 does: ``Content-Encoding: aws-chunked`` on a plainly signed
 body is only stripped from the stored encoding.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.api.s3 import sigv4
@@ -42,6 +44,7 @@ from gateway.api.s3.errors import (
     S3Error,
     XAmzContentSHA256Mismatch,
 )
+from gateway.chunks import ThreadedBody, ThreadedOutcome
 
 __all__ = ["Payload", "open_payload", "strip_aws_chunked"]
 
@@ -80,6 +83,30 @@ class Payload:
         self._reported = reported
         self._max_length = max_length
         self._started = False
+        self._threaded: ThreadedBody | None = None  # the request's, while this payload lends itself as one
+        self._threaded_bytes = 0  # handed to a threaded receive's consumer before the iteration
+
+    def threaded(self, body: ThreadedBody | None) -> ThreadedBody | None:
+        """This payload as a ``ThreadedBody`` over ``body`` (the request's: ``Request.threaded_body``)
+        where its leading bytes may skip the iteration: a plain body (not aws-chunked) that nothing is
+        computed over, as an UNSIGNED-PAYLOAD PUT without checksum headers is (LMCache's S3 connector's,
+        the load generator's). What the threaded receive hands over counts toward the length the
+        iteration checks at its end; iterate the payload for the rest as usual. None where every byte
+        must pass this payload's hashers or decoder, or where ``body`` is None."""
+        if body is None or self._hashers or isinstance(self._stream, AwsChunkedDecoder) or self._started:
+            return None
+        self._threaded = body
+        return self
+
+    async def consume_in_thread(self, consume: Callable[[memoryview], None]) -> ThreadedOutcome:
+        """``ThreadedBody``, once ``threaded`` lent this payload as one, and before the iteration."""
+        assert self._threaded is not None and not self._started
+
+        def counted(piece: memoryview) -> None:
+            consume(piece)
+            self._threaded_bytes += len(piece)
+
+        return await self._threaded.consume_in_thread(counted)
 
     def __aiter__(self) -> AsyncIterator[memoryview]:
         if self._started:
@@ -91,7 +118,7 @@ class Payload:
         hashers = self._hashers
         chunked = isinstance(self._stream, AwsChunkedDecoder)
         limit = self._max_length
-        received = 0
+        received = self._threaded_bytes
         batch: list[BytesLike] = []  # pieces not hashed yet
         batch_bytes = 0
         hashing: asyncio.Future[None] | None = None  # the previous batch, hashed in a worker thread
