@@ -306,6 +306,16 @@ class _Writer:
             return
 
 
+def alive_in(txn: lmdb.Transaction, digests: Sequence[bytes], now: float) -> list[bool]:
+    """Which digests ``txn``'s chunks database holds and not expired, with no IndexEntry built: the
+    gets run from C (``map``) and of each record only the expiry (0.0: never) is decoded. Also what
+    ``kvgw bench floor``'s indexed responder runs, the floor of an LMDB-indexed lookup."""
+    unpack = _EXPIRES.unpack_from
+    raws = list(map(txn.get, digests))
+    return [raw is not None and ((expires := unpack(raw, _EXPIRES_AT)[0]) == 0.0 or expires > now)
+            for raw in raws]
+
+
 class ChunkIndex:
     """Digest → IndexEntry, in LMDB. Reads are synchronous and fast; writes are awaited futures."""
 
@@ -393,16 +403,10 @@ class ChunkIndex:
             return out
 
     def alive_many(self, digests: Sequence[bytes], now: float) -> list[bool]:
-        """Which digests are indexed and not expired: the exists path, so no IndexEntry is built.
-
-        One read transaction; the gets run from C (``map``) and of each record only the expiry
-        (0.0: never) is decoded.
-        """
-        unpack = _EXPIRES.unpack_from
+        """Which digests are indexed and not expired: the exists path (``alive_in``), in one read
+        transaction."""
         with self._remap, self._begin(db=self.chunks_db) as txn:
-            raws = list(map(txn.get, digests))
-        return [raw is not None and ((expires := unpack(raw, _EXPIRES_AT)[0]) == 0.0 or expires > now)
-                for raw in raws]
+            return alive_in(txn, digests, now)
 
     def alive_prefix(self, digests: Sequence[bytes], now: float) -> int:
         """How many leading digests are indexed and not expired (the prefix path): stops at the

@@ -230,16 +230,18 @@ class RawResponder(BaselineProcess):
     read up to the end of its body, canned answer bytes written back, nothing else. ``streams`` maps a
     path part to a byte count: such requests are answered with that many bytes, the floor for a bulk
     read over one connection (batch-get). ``files``: a directory the verified sender serves
-    (``VerifiedFiles``)."""
+    (``VerifiedFiles``). ``index``: a kvgw index directory and bucket whose ``exists`` calls it answers
+    (``IndexedLookups``)."""
 
     name = "raw-responder"
 
     def __init__(self, workdir: Path, answers: dict[str, bytes], streams: dict[str, int] | None = None,
-                 files: Path | None = None) -> None:
+                 files: Path | None = None, index: tuple[Path, str] | None = None) -> None:
         super().__init__(workdir)
         self.answers = answers
         self.streams = streams or {}
         self.files = files
+        self.index = index
 
     def start(self) -> RawResponder:
         args = ["--raw"]
@@ -249,6 +251,8 @@ class RawResponder(BaselineProcess):
             args += ["--stream", f"{path_part}={size}"]
         if self.files is not None:
             args += ["--files", str(self.files)]
+        if self.index is not None:
+            args += ["--index", str(self.index[0]), "--bucket", self.index[1]]
         self._spawn(args, "/probe")
         return self
 
@@ -333,7 +337,36 @@ class VerifiedFiles:
         return [b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % length, *parts]
 
 
-def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None) -> None:
+class IndexedLookups:
+    """``exists`` answered from kvgw's own LMDB index (opened read-only beside the gateway that owns
+    it) by the same code as kvgw's lookup lane (``digest_many``, ``alive_in``), with nothing else
+    around it: the raw responder plus this is the floor of an LMDB-indexed lookup here."""
+
+    def __init__(self, index_dir: Path, bucket: str) -> None:
+        import lmdb
+
+        self._env = lmdb.open(str(index_dir), readonly=True, lock=True, max_dbs=16)
+        self._chunks = self._env.open_db(b"chunks", create=False)
+        self._bucket = bucket
+
+    def exists(self, body: bytes) -> bytes:
+        import time
+
+        import orjson
+
+        from backends.index import alive_in
+        from kvgw_client.keys import digest_many
+
+        keys = orjson.loads(body)["keys"]
+        with self._env.begin(db=self._chunks) as txn:
+            alive = alive_in(txn, digest_many(self._bucket, keys), time.time())
+        answer: bytes = orjson.dumps({"exists": alive})
+        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+            len(answer), answer)
+
+
+def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None,
+              indexed: IndexedLookups | None = None) -> None:
     """Answer every request on 127.0.0.1:``port`` with the body of the first ``answers`` key found in
     its request line (``ok`` otherwise; a HEAD with a head alone, as for a 4 KiB chunk): an asyncio
     protocol on uvloop, as kvgw runs, that finds the end of the headers and the Content-Length and
@@ -344,7 +377,8 @@ def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None)
     one loopback stream carried ~4 GB/s from memory against ~2.3 GB/s ``sendfile``-d from a page-cache-
     warm file, so memory is the faster sender, hence the honest ceiling for a server's stream.
 
-    With ``files``, requests for ``FILES_PATH`` / ``FILES_BATCH_PATH`` are answered by ``VerifiedFiles``."""
+    With ``files``, requests for ``FILES_PATH`` / ``FILES_BATCH_PATH`` are answered by ``VerifiedFiles``;
+    with ``indexed``, ``exists`` calls by ``IndexedLookups``."""
     import asyncio
 
     import uvloop
@@ -375,6 +409,8 @@ def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None)
                     self.transport.writelines(sender.answer(target.decode()))
                 elif line.startswith(b"head "):
                     self.transport.write(head_answer)
+                elif indexed is not None and b"/exists " in line:
+                    self.transport.write(indexed.exists(bytes(buffer[end + 4 : end + 4 + length])))
                 else:
                     self.transport.write(next((r for part, r in canned if part in line), canned[-1][1]))
                 del buffer[:end + 4 + length]
@@ -464,6 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="--raw: answer requests whose request line holds PATH_PART with BYTES random bytes")
     parser.add_argument("--files", type=Path, help=f"--raw: serve this directory's files, verified, under "
                                                    f"{FILES_PATH} and {FILES_BATCH_PATH}")
+    parser.add_argument("--index", type=Path, metavar="DIR",
+                        help="--raw: answer exists calls from the kvgw LMDB index in DIR (read-only)")
+    parser.add_argument("--bucket", default="kvcache", help="--index: the bucket the keys are in")
     parser.add_argument("--put-sink", type=Path, metavar="DIR",
                         help="run serve_put_sink instead: PUT bodies written under DIR (the floor for a PUT server)")
     parser.add_argument("--no-fsync", action="store_true", help="--put-sink: write without fsync")
@@ -474,7 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.raw:
         answers = {k.encode(): v.encode() for k, v in (item.split("=", 1) for item in args.answer)}
         answers |= {k.encode(): os.urandom(int(n)) for k, n in (item.split("=", 1) for item in args.stream)}
-        serve_raw(args.port, answers | {b"/": b"ok"}, args.files)
+        indexed = None if args.index is None else IndexedLookups(args.index, args.bucket)
+        serve_raw(args.port, answers | {b"/": b"ok"}, args.files, indexed)
         return 0
     app = dict_app(dict.fromkeys(item_keys(args.keys), args.size))
     uvicorn.run(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools", lifespan="on",

@@ -6,6 +6,10 @@ round:
 
 - ``raw-socket responder`` (``gateway.bench.baselines.serve_raw``): finds the end of the request and
   writes canned bytes: the socket's own cost, the floor for any HTTP server here;
+- ``raw-socket + kvgw's index``: the same responder answering ``exists`` from the kvgw gateway's own
+  LMDB index (opened read-only), by the same code as kvgw's lookup lane (key digests, the gets, the
+  expiry checks) plus a JSON parse and dump: the floor of a lookup answered from this index, with no
+  HTTP parsing, authentication, routing or metrics around it;
 - ``uvicorn + canned ASGI``: kvgw's own uvicorn protocol (``gateway.api.connections``: httptools,
   one write per small answer, the connection guards) running an ASGI app that reads the body and
   sends the same canned answer: what uvicorn's per-request machinery costs above the socket;
@@ -42,6 +46,7 @@ from gateway.bench.loadgen import Address, LoadRequest, request_once, run_load
 from gateway.bench.procstat import total_cpu_seconds
 
 RAW = "raw-socket responder"
+INDEXED = "raw-socket + kvgw's index"
 CANNED = "uvicorn + canned ASGI"
 KVGW = "kvgw"
 KVGW_NO_LANE = "kvgw, lane off"
@@ -125,6 +130,7 @@ def over_the_socket(workdir: Path, rounds: int, duration: float) -> dict[tuple[s
     no_lane = kvgw_server(workdir / "kvgw-no-lane-data", env={"KVGW_LOOKUP_LANE": "false"}).start()
     raw = RawResponder(workdir, lookup_answers()).start()
     canned = CannedAsgi(workdir).start()
+    indexed: RawResponder | None = None
     try:
         for gateway in (kvgw, no_lane):
             for key in lookup_keys():
@@ -132,19 +138,25 @@ def over_the_socket(workdir: Path, rounds: int, duration: float) -> dict[tuple[s
                     "PUT", chunk_target(key), body=b"f" * META_CHUNK_BYTES, expect=(200, 201)))
                 if status not in (200, 201):
                     raise RuntimeError(f"preload PUT {key}: {status} {answer[:200]!r}")
-        servers: list[tuple[str, Address, list[int]]] = [
-            (RAW, raw.address, raw.pids()), (CANNED, canned.address, canned.pids()), (KVGW, kvgw.address, kvgw.pids()),
-            (KVGW_NO_LANE, no_lane.address, no_lane.pids())]
+        indexed = RawResponder(workdir / "indexed", {}, index=(workdir / "kvgw-data" / "index", BUCKET)).start()
+        status, answer = request_once(indexed.address, requests()[EXISTS])
+        if (status, answer) != (200, lookup_answers()["/exists"]):
+            raise RuntimeError(f"the indexed responder answered {status} {answer[:200]!r}")
+        servers: list[tuple[str, Address, list[int], tuple[str, ...]]] = [
+            (RAW, raw.address, raw.pids(), (EXISTS, HEAD)), (INDEXED, indexed.address, indexed.pids(), (EXISTS,)),
+            (CANNED, canned.address, canned.pids(), (EXISTS, HEAD)), (KVGW, kvgw.address, kvgw.pids(), (EXISTS, HEAD)),
+            (KVGW_NO_LANE, no_lane.address, no_lane.pids(), (EXISTS, HEAD))]
         out: dict[tuple[str, str], list[Round]] = {}
         for rnd in range(rounds):
-            for name, address, pids in servers if rnd % 2 == 0 else servers[::-1]:
-                for op, request in requests().items():
-                    out.setdefault((name, op), []).append(measure(address, pids, request, duration))
+            for name, address, pids, ops in servers if rnd % 2 == 0 else servers[::-1]:
+                for op in ops:
+                    out.setdefault((name, op), []).append(measure(address, pids, requests()[op], duration))
             print(f"  round {rnd + 1}/{rounds} done", file=sys.stderr, flush=True)
         return out
     finally:
-        for server in (canned, raw):
-            server.stop()
+        for server in (canned, raw, indexed):
+            if server is not None:
+                server.stop()
         no_lane.stop()
         kvgw.stop()
 
@@ -221,7 +233,9 @@ def report(socket_rounds: dict[tuple[str, str], list[Round]], inproc: dict[str, 
 
     lines = ["", f"{'target':24} {'call':16} {'p50 µs':>8} {'server CPU µs/call':>19}"]
     for op in (EXISTS, HEAD):
-        for name in (RAW, CANNED, KVGW, KVGW_NO_LANE):
+        for name in (RAW, INDEXED, CANNED, KVGW, KVGW_NO_LANE):
+            if (name, op) not in socket_rounds:
+                continue
             lines.append(f"{name:24} {op:16} {med(name, op, 'p50_us'):8.0f} {med(name, op, 'cpu_us'):19.1f}")
     lines.append("")
     for op in (EXISTS, HEAD):
@@ -234,6 +248,12 @@ def report(socket_rounds: dict[tuple[str, str], list[Round]], inproc: dict[str, 
                      f"p50 kvgw / raw {med(KVGW, op, 'p50_us') / raw_p50:.2f}x "
                      f"(lane off {med(KVGW_NO_LANE, op, 'p50_us') / raw_p50:.2f}x), canned ASGI / raw "
                      f"{med(CANNED, op, 'p50_us') / raw_p50:.2f}x")
+    indexed_p50 = med(INDEXED, EXISTS, "p50_us")
+    lines.append(f"{EXISTS}: the index floor: raw-socket + kvgw's index / raw p50 "
+                 f"{indexed_p50 / med(RAW, EXISTS, 'p50_us'):.2f}x, server CPU +"
+                 f"{med(INDEXED, EXISTS, 'cpu_us') - med(RAW, EXISTS, 'cpu_us'):.1f} µs per call above the raw "
+                 f"responder; kvgw / that floor: p50 {med(KVGW, EXISTS, 'p50_us') / indexed_p50:.2f}x, server CPU "
+                 f"{med(KVGW, EXISTS, 'cpu_us') / med(INDEXED, EXISTS, 'cpu_us'):.2f}x")
     return "\n".join(lines)
 
 

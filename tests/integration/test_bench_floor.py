@@ -1,6 +1,7 @@
-"""``kvgw bench floor`` runs end to end: the three servers answer the same calls without an error (a
-non-200 answer raises), the in-process phase drives the real gateway app, and the report splits the
-server CPU per call into its layers, with the lookup lane on and off."""
+"""``kvgw bench floor`` runs end to end: the servers answer the same calls without an error (a non-200
+answer raises; the indexed responder must answer what kvgw answers), the in-process phase drives the
+real gateway app, and the report splits the server CPU per call into its layers, with the lookup lane
+on and off, beside the floor of a lookup answered from kvgw's index."""
 
 from __future__ import annotations
 
@@ -23,3 +24,7 @@ def test_floor_reports_every_layer(capsys: pytest.CaptureFixture[str]) -> None:
         line = re.search(rf"^{re.escape(op)}: server CPU per call: socket ([\d.]+) µs, .*in process: its ASGI app "
                          rf"([\d.]+), its lane ([\d.]+)\)", out, re.MULTILINE)
         assert line is not None and float(line[1]) > 0 and float(line[2]) > 0 and float(line[3]) > 0, out
+    row = re.search(rf"^{re.escape(floor.INDEXED)}\s+{re.escape(floor.EXISTS)}\s+(\d+)\s+([\d.]+)$", out, re.MULTILINE)
+    assert row is not None and int(row[1]) > 0 and float(row[2]) > 0, out
+    assert re.search(rf"^{re.escape(floor.EXISTS)}: the index floor: .* / raw p50 [\d.]+x, server CPU [+-][\d.]+ µs "
+                     r"per call above the raw responder; kvgw / that floor: p50 [\d.]+x", out, re.MULTILINE), out
