@@ -49,6 +49,13 @@ class HoldingTransport(asyncio.Transport):
         if self._held_bytes > HOLD_LIMIT:
             self.flush()
 
+    def write_now(self, data: bytes) -> None:
+        """``data`` sent at once, behind anything held: a response known to be complete (the lookup
+        lane's), with no flush to schedule."""
+        self.flush()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
             self.write(data)
