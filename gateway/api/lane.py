@@ -10,15 +10,10 @@ protocol, the same canned answer matched the raw responder. BENCHMARKS.md ("kvgw
 the figures with the lane on and off.
 
 How: ``LaneHttpProtocol`` (the last subclass of uvicorn's httptools protocol here) recognises such a
-request in one of two places. A request that arrives whole in one read, on a connection with nothing
-else in flight (what a client's lookup is on loopback), is read by ``whole_request`` (a strict subset
-of HTTP/1.1, tested against httptools) before httptools sees a byte: no parser callbacks, no uvicorn
-request state (``kvgw bench floor``: ~12 µs of server CPU less per call than through the callbacks).
-Any other request is parsed by httptools, and the lane recognises it when its head is complete
-(``GatewayApp.takes_indexed``), holds back uvicorn's request cycle and collects the small body itself.
-Either way, once the request is complete it asks ``answer_indexed`` of the API the path belongs to:
-an answer is written at once, with uvicorn's default headers (date, server), and counted in the
-request metrics as the ASGI path counts. Misses are answered too when every tier that
+request when its head is complete (``GatewayApp.takes_indexed``), holds back uvicorn's request cycle
+and collects the small body itself. When the message is complete it asks ``answer_indexed`` of the API
+the path belongs to: an answer is written at once, with uvicorn's default headers (date, server), and
+counted in the request metrics as the ASGI path counts. Misses are answered too when every tier that
 would be asked rules the chunk out at once (``Tier.absent_now``: a local filesystem's dentry cache;
 never S3 or NFS). Anything else (an error, a miss only a tier's answer settles, a lease, a credential,
 bucket or S3 attributes the in-memory views do not hold yet) is handed over: uvicorn's cycle starts
@@ -40,10 +35,9 @@ Everything here runs on the event loop.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
@@ -55,54 +49,6 @@ from gateway.metrics import RequestMetrics
 log = logging.getLogger("kvgw.api")
 
 LANE_BODY_LIMIT = 64 * 1024  # uvicorn's HIGH_WATER_LIMIT: what it reads ahead of an app
-
-# A request head ``whole_request`` reads itself: HEAD or POST, a plain path (RFC 3986 ``pchar`` and
-# ``/``: no query, fragment, space or byte httptools might refuse), HTTP/1.1, and header lines made of a
-# token, a colon and a value of visible ASCII with spaces or tabs between its words (none after the last: httptools
-# keeps trailing ones). A strict
-# subset of what httptools accepts: anything else is left to it.
-_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
-_VALUE = rb"(?:[!-~]+(?:[ \t]+[!-~]+)*)?"
-_WHOLE_HEAD = re.compile(rb"(HEAD|POST) (/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*) HTTP/1\.1\r\n((?:"
-                         + _TOKEN + rb":[ \t]*" + _VALUE + rb"\r\n)*)\r\n")
-_HEADER_LINE = re.compile(rb"(" + _TOKEN + rb"):[ \t]*(" + _VALUE + rb")\r\n")
-# headers that make a request more than a plain keep-alive lookup: left to httptools and uvicorn
-_NOT_PLAIN = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"connection"))
-
-
-class WholeRequest(NamedTuple):
-    method: str
-    raw_path: str
-    headers: RawHeaders  # names lower-cased, as uvicorn's scope holds them
-    body: bytes
-
-
-def whole_request(data: bytes) -> WholeRequest | None:
-    """``data`` as one complete plain request (the head ``_WHOLE_HEAD`` reads, at most one
-    ``Content-Length`` and exactly that many body bytes, nothing behind them), or None: anything
-    else, which httptools parses (and answers, when it is malformed) as before.
-
-    What it returns is what httptools and uvicorn would make of the same bytes (tested against
-    them); it only ever declines more."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    head = _WHOLE_HEAD.fullmatch(data, 0, end + 4)
-    if head is None:
-        return None
-    headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(head[3])]
-    length = 0
-    seen_length = False
-    for name, value in headers:
-        if name == b"content-length":
-            if seen_length or not value.isdigit():
-                return None
-            seen_length, length = True, int(value)
-        elif name in _NOT_PLAIN and (name != b"connection" or value.lower() != b"keep-alive"):
-            return None
-    if len(data) != end + 4 + length:
-        return None  # the body is not all here, or another request follows it (pipelined)
-    return WholeRequest(head[1].decode("ascii"), head[2].decode("ascii"), headers, data[end + 4 :])
 
 
 class Answering(Protocol):
@@ -148,12 +94,7 @@ class LookupLane:
 
 class LaneHttpProtocol(IntakeHttpProtocol):
     """``uvicorn.run(http=protocol_class(limits, lane))``: the guarded protocol, the body intake
-    (``gateway.api.intake``) and the lookup lane.
-
-    A lookup that arrives whole in one read, on a connection with nothing else in flight (the usual
-    case: a client's request is one segment on loopback), is read by ``whole_request`` and answered
-    before httptools sees a byte: no parser callbacks, no uvicorn request state. Anything else goes
-    through httptools, and the lane takes it from the parser's callbacks when its head is complete."""
+    (``gateway.api.intake``) and the lookup lane."""
 
     lane: ClassVar[LookupLane | None] = None
 
@@ -161,43 +102,8 @@ class LaneHttpProtocol(IntakeHttpProtocol):
         super().__init__(*args, **kwargs)
         self._lane_body: list[bytes] | None = None  # a lane request is being received
         self._lane_started = 0.0
-        self._between_requests = True  # the parser holds no part of a request
-        self._declined: dict[str, Any] | None = None  # the lane declined the request being parsed: its notes
-
-    def data_received(self, data: bytes) -> None:
-        lane = self.lane
-        if lane is None or not self._between_requests or not self._lane_free():
-            super().data_received(data)
-            return
-        request = whole_request(data)
-        if request is None or not self._lane_fits(lane, request.method, request.raw_path, request.headers):
-            super().data_received(data)
-            return
-        self._unset_keepalive_if_required()
-        self._disarm_header_timer()  # a connection's first request is due within the header timeout
-        response, notes = self._lane_answer(lane, request.method, request.raw_path, request.headers, request.body,
-                                            lane.clock())
-        if response is not None:
-            self._holding.write_now(response)
-            self.on_response_complete()
-            return
-        self._declined = notes  # httptools parses the same bytes; uvicorn's cycle answers them
-        try:
-            super().data_received(data)
-        finally:
-            self._declined = None
-
-    def on_message_begin(self) -> None:
-        self._between_requests = False
-        super().on_message_begin()
 
     def on_headers_complete(self) -> None:
-        declined = self._declined
-        if declined is not None:  # ``data_received`` asked the lane already
-            self._declined = None
-            super().on_headers_complete()
-            self.scope.update(declined)  # type: ignore[typeddict-item]  # the cycle's task has not run yet
-            return
         if not self._lane_takes():
             super().on_headers_complete()
             return
@@ -207,30 +113,20 @@ class LaneHttpProtocol(IntakeHttpProtocol):
         # uvicorn's cycle waits: ``_hand_over`` starts it if the lane cannot answer. The header
         # deadline stays armed until the body is complete.
 
-    def _lane_free(self) -> bool:
-        """Nothing in the way of answering on the lane: no access log (uvicorn logs from its cycle),
-        no response in flight or queued, a client that reads its answers."""
-        return not (self.access_log or self.pipeline or self.flow.write_paused or self.transport.is_closing()
-                    or (self.cycle is not None and not self.cycle.response_complete))
-
-    def _lane_fits(self, lane: LookupLane, method: str, raw_path: str, headers: RawHeaders) -> bool:
-        """A request the lane may answer: its API takes it, and its body is small (a HEAD has none)."""
-        if not lane.takes(method, raw_path):
-            return False
-        length = plain_body_length(headers)
-        return length is not None and length <= (LANE_BODY_LIMIT if method == "POST" else 0)
-
     def _lane_takes(self) -> bool:
         lane = self.lane
-        if lane is None or self.expect_100_continue or not self._lane_free():
+        if (lane is None or self.access_log or self.pipeline or self.flow.write_paused or self.expect_100_continue
+                or (self.cycle is not None and not self.cycle.response_complete)):
             return False
         parser = self.parser
         if parser.get_http_version() != "1.1" or not parser.should_keep_alive() or parser.should_upgrade():
             return False
         url: bytes = self.url
-        if not url.startswith(b"/") or b"?" in url or b"#" in url:
+        method = parser.get_method().decode("ascii")
+        if not url.startswith(b"/") or b"?" in url or b"#" in url or not lane.takes(method, url.decode("latin-1")):
             return False
-        return self._lane_fits(lane, parser.get_method().decode("ascii"), url.decode("latin-1"), self.headers)
+        length = plain_body_length(self.headers)
+        return length is not None and length <= (LANE_BODY_LIMIT if method == "POST" else 0)
 
     def on_body(self, body: bytes) -> None:
         if self._lane_body is None:
@@ -239,7 +135,6 @@ class LaneHttpProtocol(IntakeHttpProtocol):
             self._lane_body.append(body)
 
     def on_message_complete(self) -> None:
-        self._between_requests = True
         if self._lane_body is None:
             super().on_message_complete()
             return
@@ -247,24 +142,19 @@ class LaneHttpProtocol(IntakeHttpProtocol):
         self._lane_body = None
         self._disarm_header_timer()
         assert self.lane is not None
-        response, notes = self._lane_answer(self.lane, self.parser.get_method().decode("ascii"),
-                                            self.url.decode("latin-1"), self.headers, body, self._lane_started)
+        notes: dict[str, Any] = {}
+        try:
+            response = self.lane.answer(self.parser.get_method().decode("ascii"), self.url.decode("latin-1"),
+                                        self.headers, body, self.server_state.default_headers, self._lane_started,
+                                        notes)
+        except Exception:
+            log.exception("the lookup lane failed; the request goes to the ASGI app")
+            response, notes = None, {}
         if response is None:
             self._hand_over(body, notes)
             return
-        self._holding.write_now(response)
+        self._holding.write_now(response)  # complete: no flush to schedule
         self.on_response_complete()
-
-    def _lane_answer(self, lane: LookupLane, method: str, raw_path: str, headers: RawHeaders, body: bytes,
-                     started: float) -> tuple[bytes | None, dict[str, Any]]:
-        """The lane's whole response (None: hand the request over, with the notes for its scope)."""
-        notes: dict[str, Any] = {}
-        try:
-            return lane.answer(method, raw_path, headers, body, self.server_state.default_headers, started,
-                               notes), notes
-        except Exception:
-            log.exception("the lookup lane failed; the request goes to the ASGI app")
-            return None, {}
 
     def _hand_over(self, body: bytes, notes: dict[str, Any]) -> None:
         """Start uvicorn's request cycle for the request just received, as if the lane were not here
