@@ -236,8 +236,9 @@ class RawResponder(BaselineProcess):
     name = "raw-responder"
 
     def __init__(self, workdir: Path, answers: dict[str, bytes], streams: dict[str, int] | None = None,
-                 files: Path | None = None, index: tuple[Path, str] | None = None) -> None:
-        super().__init__(workdir)
+                 files: Path | None = None, index: tuple[Path, str] | None = None,
+                 wrapper: Sequence[str] = ()) -> None:
+        super().__init__(workdir, wrapper)
         self.answers = answers
         self.streams = streams or {}
         self.files = files

@@ -46,7 +46,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from gateway.bench import callgrind
-from gateway.bench.baselines import FastAPIApp, Nginx, find_nginx, item_keys
+from gateway.bench.baselines import FastAPIApp, Nginx, RawResponder, find_nginx, item_keys
 from gateway.bench.launcher import KvgwProcess
 from gateway.bench.loadgen import Address, LoadRequest, Stats, run_load
 from gateway.bench.procstat import total_cpu_seconds
@@ -64,6 +64,7 @@ KVGW_NATIVE = "kvgw native HEAD hit"
 NO_LANE = ", lane off"
 FASTAPI = "FastAPI dict route"
 NGINX = "nginx static HEAD"
+RAW = "raw-socket responder (floor)"
 NIXL = "NIXL query_memory"
 BASELINE = FASTAPI
 
@@ -244,7 +245,9 @@ def report(targets: list[Target], clients_list: Sequence[int]) -> tuple[str, int
 def instruction_counts(workdir: Path, hits: Sequence[str], misses: Sequence[str],
                        count: int) -> list[tuple[str, callgrind.Counted]]:
     """(target, instructions per HEAD) of each server run under callgrind: kvgw with its lookup lane on
-    (S3 HEAD hit and miss, native HEAD) and off (S3 HEAD hit and miss), and the FastAPI route."""
+    (S3 HEAD hit and miss, native HEAD) and off (S3 HEAD hit and miss), the FastAPI route, and the
+    raw-socket responder (``serve_raw``: the socket, uvloop and a few lines of Python finding the
+    request's end: the floor of any Python HTTP server here)."""
     if not callgrind.available():
         raise SystemExit("kvgw bench head --instructions needs valgrind (callgrind_control) on PATH")
     print(f"kvgw bench head --instructions {count}: {len(hits)} objects; each server under callgrind", flush=True)
@@ -267,15 +270,20 @@ def instruction_counts(workdir: Path, hits: Sequence[str], misses: Sequence[str]
                 finally:
                     sender.close()
                 print(f"  {rows[-1][0]}: {rows[-1][1].per_request:,.0f}", flush=True)
-    out = workdir / "fastapi.callgrind"
-    fastapi = FastAPIApp(workdir / "fastapi", len(hits), OBJECT_BYTES, wrapper=callgrind.wrapper(out)).start()
-    sender = callgrind.Sender(fastapi.address, [LoadRequest("HEAD", f"/items/{k}") for k in item_keys(len(hits))])
-    try:
-        assert fastapi.proc is not None
-        rows.append((FASTAPI, callgrind.instructions_per_request(fastapi.proc.pid, out, sender, count)))
-    finally:
-        sender.close()
-        fastapi.stop()
+    items = [LoadRequest("HEAD", f"/items/{k}") for k in item_keys(len(hits))]
+    for target, make in ((FASTAPI, lambda out: FastAPIApp(workdir / "fastapi", len(hits), OBJECT_BYTES,
+                                                         wrapper=callgrind.wrapper(out))),
+                         (RAW, lambda out: RawResponder(workdir / "raw", {}, wrapper=callgrind.wrapper(out)))):
+        out = workdir / f"{target.split()[0]}.callgrind"
+        baseline = make(out).start()
+        sender = callgrind.Sender(baseline.address, items)
+        try:
+            assert baseline.proc is not None
+            rows.append((target, callgrind.instructions_per_request(baseline.proc.pid, out, sender, count)))
+        finally:
+            sender.close()
+            baseline.stop()
+        print(f"  {rows[-1][0]}: {rows[-1][1].per_request:,.0f}", flush=True)
     return rows
 
 
