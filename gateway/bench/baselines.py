@@ -24,16 +24,21 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+import orjson
+
 from backends.fileio import fsync_dir, start_writeback
+from backends.index import alive_in
 from backends.posix import FOLIO_BYTES
 from gateway.bench import procstat
 from gateway.bench.launcher import free_port, stop_process, wait_until
 from gateway.bench.loadgen import Address, LoadRequest, Op, Stats, request_once, run_load
 from kvgw_client import wire
+from kvgw_client.keys import digest_many
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -351,13 +356,6 @@ class IndexedLookups:
         self._bucket = bucket
 
     def exists(self, body: bytes) -> bytes:
-        import time
-
-        import orjson
-
-        from backends.index import alive_in
-        from kvgw_client.keys import digest_many
-
         keys = orjson.loads(body)["keys"]
         with self._env.begin(db=self._chunks) as txn:
             alive = alive_in(txn, digest_many(self._bucket, keys), time.time())
