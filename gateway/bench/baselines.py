@@ -424,8 +424,10 @@ def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
     connection that reads each request head, receives the body straight into a 2 MiB buffer
     (``recv_into``) and stores it as ``raw_write_op`` does (``store_file``), then answers 201. No
     parsing beyond Content-Length, no hashing, no index: what is left is what receiving the bytes and
-    making them durable costs. Any other request (the readiness probe) is answered 200. Files stay
-    under ``directory`` for the caller to remove."""
+    making them durable costs. A DELETE removes the file the connection stored last and answers 204
+    (a PUT+DELETE pair recycles page-cache pages, as a store whose chunks are deleted does). Any other
+    request (the readiness probe) is answered 200. Other files stay under ``directory`` for the caller
+    to remove."""
     import socket
     import threading
 
@@ -451,13 +453,14 @@ def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
             yield buffer[:size]
             at += size
 
-    def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> None:
-        store_file(str(staging), str(final), f"{os.getpid()}-{next(names)}", received(conn, first, length, buffer),
-                   fsync=fsync)
+    def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> str:
+        return store_file(str(staging), str(final), f"{os.getpid()}-{next(names)}",
+                          received(conn, first, length, buffer), fsync=fsync)
 
     def handle(conn: socket.socket) -> None:
         buffer = memoryview(bytearray(WRITE_PIECE))
         pending = bytearray()
+        stored: str | None = None  # the file this connection stored last
         with conn:
             while True:
                 while (end := pending.find(b"\r\n\r\n")) < 0:
@@ -470,9 +473,14 @@ def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
                 at = head.find(b"content-length:")
                 length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
                 if head.startswith(b"put "):
-                    store(conn, rest, length, buffer)
+                    stored = store(conn, rest, length, buffer)
                     pending = bytearray(rest[length:])
                     conn.sendall(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n")
+                elif head.startswith(b"delete ") and stored is not None:
+                    os.unlink(stored)
+                    stored = None
+                    pending = bytearray(rest[length:])
+                    conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
                 else:
                     pending = bytearray(rest[length:])
                     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
@@ -526,13 +534,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 WRITE_PIECE = FOLIO_BYTES  # as the filesystem tier writes: aligned 2 MiB pieces, so the page cache holds 2 MiB folios
 
 
-def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,
+def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True, recycle: bool = False,
                  written: list[str] | None = None) -> Callable[[int], Op]:
     """``open_client`` for ``run_ops``: each op writes ``payload`` to a fresh temp file (WRITE_PIECE at
     a time, starting each piece's writeback as the tier does), fsyncs it, links it to a distinct final
     name, removes the temp name and fsyncs the directory -- what a write-once store must do at the least
-    (without fsync with ``fsync=False``). Final paths are appended to ``written`` so the caller can
-    delete them afterwards."""
+    (without fsync with ``fsync=False``). With ``recycle`` the op then unlinks the file, so the next
+    write reuses its page-cache pages (what a PUT followed by a DELETE costs a store); otherwise final
+    paths are appended to ``written`` so the caller can delete them afterwards."""
     staging = directory / "staging"
     final = directory / "final"
     staging.mkdir(parents=True, exist_ok=True)
@@ -544,7 +553,9 @@ def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True,
         def op(seq: int) -> int:
             pieces = (payload[at : at + WRITE_PIECE] for at in range(0, payload.nbytes, WRITE_PIECE))
             target = store_file(str(staging), final_dir, f"{run}-{i}-{seq}", pieces, fsync=fsync)
-            if written is not None:
+            if recycle:
+                os.unlink(target)
+            elif written is not None:
                 written.append(target)
             return payload.nbytes
 

@@ -31,9 +31,11 @@ The machine may be shared and noisy, so every figure is measured in ``--rounds``
 baselines back to back within a round (their order alternating between rounds); the report gives
 medians over rounds, and each ratio is the median of the per-round kvgw / baseline ratios. CPU used by
 other processes during each measurement is recorded too. GETs cycle over ``--objects`` distinct
-chunks; PUTs always write new keys (a repeated key is a no-op for kvgw) and are deleted again after
-each measurement. Reads are served from the page cache (everything was just written); this measures the
-serving path, not the disk.
+chunks; PUTs always write new keys (a repeated key is a no-op for kvgw). Each PUT operation is a PUT
+followed by a DELETE of what it stored (kvgw and the PUT sink: a DELETE request on the same connection,
+timed with the PUT; the raw loop: unlink), so writes reuse page-cache pages as a store in steady state
+does; ``--keep-puts`` keeps every chunk until the measurement ends instead. Reads are served from the
+page cache (everything was just written); this measures the serving path, not the disk.
 
 Exit status: 0 when every target passes and no request failed, 1 otherwise, 2 on a usage error.
 """
@@ -309,6 +311,14 @@ class Bench:
 
     # -- the cells --
 
+    def recycles(self) -> bool:
+        """PUT cells delete each chunk right after storing it (``--keep-puts`` off): the next write
+        reuses its page-cache pages, as in a store whose capacity eviction frees what it overwrites. A
+        kept chunk's pages are fresh memory instead, which a VM that hands freed pages back to its host
+        charges several times the copy (BENCHMARKS.md, PUT); that cost is the hypervisor's, not the
+        server's."""
+        return not self.args.keep_puts
+
     def put_kvgw(self, server: KvgwProcess, target: str, size: int, clients: int) -> Callable[[int], Sample]:
         def run(rnd: int) -> Sample:
             payload = self.payload(size)
@@ -320,8 +330,12 @@ class Bench:
                 written.append(key)
                 return LoadRequest("PUT", chunk_target(key), body=payload, expect=(201,))
 
+            def delete(i: int, seq: int) -> LoadRequest:
+                return LoadRequest("DELETE", chunk_target(f"{tag}-{i}-{seq}"), expect=(204,))
+
+            then = delete if self.recycles() else None
             sample = self.measure(target, "PUT", size, clients, rnd,
-                                  lambda: run_load(server.address, make, clients, duration=self.duration()),
+                                  lambda: run_load(server.address, make, clients, duration=self.duration(), then=then),
                                   server.pids())
             deletes = [LoadRequest("DELETE", chunk_target(k), expect=(204, 404)) for k in written]
             done = run_load(server.address, lambda i, seq: deletes[seq], min(4, max(1, len(deletes))),
@@ -337,7 +351,8 @@ class Bench:
         def run(rnd: int) -> Sample:
             written: list[str] = []
             folder = self.work / "raw-write"
-            opener = raw_write_op(folder, memoryview(self.payload(size)), fsync=fsync, written=written)
+            opener = raw_write_op(folder, memoryview(self.payload(size)), fsync=fsync, recycle=self.recycles(),
+                                  written=written)
             sample = self.measure(target, "PUT", size, clients, rnd,
                                   lambda: run_ops(opener, clients, duration=self.duration()), [os.getpid()])
             for path in written:
@@ -352,9 +367,11 @@ class Bench:
         def run(rnd: int) -> Sample:
             payload = self.payload(size)
             request = LoadRequest("PUT", "/sink", body=payload, expect=(201,))
+            delete = LoadRequest("DELETE", "/sink", expect=(204,))
+            then = (lambda i, seq: delete) if self.recycles() else None
             sample = self.measure(target, "PUT", size, clients, rnd,
                                   lambda: run_load(sink.address, lambda i, seq: request, clients,
-                                                   duration=self.duration()), sink.pids())
+                                                   duration=self.duration(), then=then), sink.pids())
             sink.clear()
             os.sync()
             return sample
@@ -747,9 +764,11 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 row(f"| {op}{' (no fsync)' if mine == KVGW_NOFSYNC else ''} | {fmt_size(size)} | {c} "
                     f"| {k.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} "
                     f"| {b.bytes_per_s / 1e6:.0f}{berr} | {fmt_ms(b.p50)} / {fmt_ms(b.p99)} | {fmt_ratio(ratio)} |")
+    put_op = ("each PUT kept until the measurement ends" if args.keep_puts else
+              "each PUT followed by a DELETE of its chunk (raw loop: unlink), timed with it")
     table(f"Throughput (MB/s = 10^6 B/s), medians of {args.rounds} interleaved rounds of {args.duration:g} s; "
-          "ratio = median of per-round kvgw/baseline", "op", "size", "clients", "kvgw MB/s", "kvgw p50 / p99 ms",
-          "baseline", "baseline MB/s", "baseline p50 / p99 ms", "kvgw / baseline")
+          f"ratio = median of per-round kvgw/baseline; {put_op}", "op", "size", "clients", "kvgw MB/s",
+          "kvgw p50 / p99 ms", "baseline", "baseline MB/s", "baseline p50 / p99 ms", "kvgw / baseline")
     for size in args.sizes:
         for c in args.clients:
             k, b = figures.get((KVGW, "GET", size, c)), figures.get((NGINX, "GET", size, c))
@@ -877,6 +896,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the temp dir for kvgw, nginx's files and the raw baselines goes (the disk measured)")
     p.add_argument("--compare-no-fsync", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure PUT against a --no-fsync gateway and raw writes without fsync")
+    p.add_argument("--keep-puts", action="store_true",
+                   help="PUT cells keep what they store until the measurement ends, instead of deleting each "
+                        "chunk right after its PUT (kvgw and the PUT sink: a DELETE request; the raw loop: "
+                        "unlink), so every write lands in fresh page-cache memory")
     p.add_argument("--ops", default=",".join(OPS),
                    help="what to measure: put, get (with the memory phase), small (HEAD / exists / prefix), "
                         f"batch (a batch-get of {BATCH_CHUNKS} x {BATCH_CHUNK // MiB} MiB against one raw socket "
@@ -968,7 +991,7 @@ def main(argv: list[str]) -> int:
                 "started": started.isoformat(), "finished": finished.isoformat(),
                 "config": {"sizes": args.sizes, "clients": args.clients, "duration_s": args.duration,
                            "rounds": args.rounds, "objects": args.objects, "compare_no_fsync": args.compare_no_fsync,
-                           "ops": args.ops},
+                           "ops": args.ops, "keep_puts": args.keep_puts},
                 "environment": {"cores": os.cpu_count(), "loadavg_before": load_before,
                                 "loadavg_after": os.getloadavg(), "python": platform.python_version(),
                                 "kernel": platform.release(), "nginx": nginx.version(),

@@ -581,11 +581,14 @@ MakeRequest = Callable[[int, int], LoadRequest]  # (client index, seq) -> the re
 
 def run_load(address: Address, make_request: MakeRequest, clients: int, *, duration: float | None = None,
              count: int | None = None, body_buffer_bytes: int = DEFAULT_BODY_BUFFER_BYTES,
-             timeout: float = 120.0, processes: bool = False) -> Stats:
+             timeout: float = 120.0, processes: bool = False, then: MakeRequest | None = None) -> Stats:
     """HTTP load: each client (a thread, or a process with ``processes``) owns one keep-alive
     connection and sends ``make_request(i, seq)`` (``seq`` as in ``run_ops``). Connections are opened
     before the clock starts. Bytes are request plus response body bytes; a status outside the
-    request's ``expect`` is an error."""
+    request's ``expect`` is an error.
+
+    ``then``: a second request sent on the same connection after each successful first one, as part
+    of the same operation (timed with it, its bytes counted): e.g. a DELETE of what the PUT stored."""
     conns: dict[int, HttpConnection] = {}  # the client's own, in its thread or process
     seen: dict[int, Counter[int]] = {}
 
@@ -594,14 +597,17 @@ def run_load(address: Address, make_request: MakeRequest, clients: int, *, durat
         statuses = seen[i] = Counter()
         conn.connect()
 
-        def op(seq: int) -> int:
-            req = make_request(i, seq)
+        def send(req: LoadRequest) -> int:
             status, received = conn.request(req)
             statuses[status] += 1
             if status not in req.expect:
                 body = conn.body
                 raise StatusError(status, req.method, req.target, bytes(body[:200]) if body is not None else b"")
             return req.body_length + received
+
+        def op(seq: int) -> int:
+            moved = send(make_request(i, seq))
+            return moved if then is None else moved + send(then(i, seq))
 
         return op
 

@@ -47,3 +47,22 @@ def test_pipelined_puts_on_one_connection(tmp_path: Path) -> None:
         assert sorted(p.read_bytes() for p in (tmp_path / "sink" / "final").iterdir()) == sorted([first, second])
     finally:
         sink.stop()
+
+
+def test_delete_removes_what_the_connection_stored_last(tmp_path: Path) -> None:
+    """PUT+DELETE pairs (``kvgw bench io``'s recycling PUT cells) leave nothing behind, and each DELETE
+    removes its own connection's file, not another client's."""
+    sink = PutSink(tmp_path, tmp_path / "sink", fsync=False).start()
+    try:
+        body = os.urandom(WRITE_PIECE + 3)
+        put = LoadRequest("PUT", "/sink", body=body, expect=(201,))
+        delete = LoadRequest("DELETE", "/sink", expect=(204,))
+        done = run_load(sink.address, lambda i, seq: put, 3, count=12, then=lambda i, seq: delete)
+        assert (done.ops, done.errors) == (12, 0), done.error_samples
+        assert done.statuses == {201: 12, 204: 12}
+        assert not list((tmp_path / "sink" / "final").iterdir())
+        kept = run_load(sink.address, lambda i, seq: put, 2, count=2)
+        assert kept.errors == 0
+        assert [p.read_bytes() for p in (tmp_path / "sink" / "final").iterdir()] == [body, body]
+    finally:
+        sink.stop()

@@ -208,6 +208,21 @@ def test_unexpected_statuses_are_counted_as_errors(server: TinyServer) -> None:
     assert (tolerated.ops, tolerated.errors) == (3, 0)
 
 
+def test_then_request_is_part_of_the_same_operation(server: TinyServer) -> None:
+    put = LoadRequest("PUT", "/put", body=b"p" * 1000, expect=(201,))
+    follow = {seq: LoadRequest("GET", f"/bytes/{seq}") for seq in range(6)}
+    stats = run_load(server.address, lambda i, seq: put, 1, count=6, then=lambda i, seq: follow[seq])
+    # six operations, each a PUT (1000 bytes sent, its JSON answer read) and its GET (seq bytes read)
+    put_answer = len(b'{"received": 1000}')
+    assert (stats.ops, stats.errors, len(stats.latencies)) == (6, 0, 6)
+    assert stats.bytes == 6 * (1000 + put_answer) + sum(range(6))
+    assert stats.statuses == {201: 6, 200: 6}
+    assert stats.connects == 1
+    failing = run_load(server.address, lambda i, seq: put, 1, count=4,
+                       then=lambda i, seq: LoadRequest("GET", "/status/404"))
+    assert (failing.ops, failing.errors) == (0, 4)  # an operation fails when its second request does
+
+
 def test_connection_close_and_eof_delimited_bodies(server: TinyServer) -> None:
     stats = run_load(server.address, lambda i, seq: LoadRequest("GET", "/close/100"), 1, count=3)
     assert (stats.ops, stats.errors, stats.bytes, stats.connects) == (3, 0, 300, 3)
