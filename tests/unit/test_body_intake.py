@@ -199,6 +199,31 @@ async def test_a_threaded_receive_hands_every_piece_to_a_worker_thread_and_ends_
     assert http.done == 1 and not http.flow.paused  # the HTTP protocol has the transport back, reading
 
 
+async def test_the_buffers_a_completed_threaded_receive_leaves_serve_later_bodies_without_their_bytes(
+        peer: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its consumer keeps nothing, so its full-size buffers are taken by later intakes instead of new
+    zero-filled ones; a later body's pieces hold that body's bytes only, whatever the buffer held."""
+    monkeypatch.setattr(intake, "_SPARE_PIECES", [])
+    ours, theirs = peer
+    first = b"A" * (2 * INTAKE_PIECE_BYTES + 1000)
+    taker, _ = threaded(len(first), ours)
+    receive_into(taker, first[:INTAKE_PIECE_BYTES + 10])  # a full piece waits, the next one is begun
+    sending = sender(theirs, first[INTAKE_PIECE_BYTES + 10 :])
+    assert await taker.consume_in_thread(Collected()) == "complete"
+    sending.join()
+    spares = list(intake._SPARE_PIECES)
+    assert len(spares) == 2  # the waiting piece and the thread's buffer; the short last piece is no spare
+
+    second = b"b" * (INTAKE_PIECE_BYTES + 5)  # one full piece, then 5 bytes: read by the event loop
+    later, _, _ = make(len(second))
+    assert any(later.get_buffer(-1).obj is spare for spare in spares)  # no new 2 MiB buffer
+    receive_into(later, second)
+    messages = [await later.receive()]
+    while messages[-1]["more_body"]:
+        messages.append(await later.receive())
+    assert b"".join(bytes(m["body"]) for m in messages) == second
+
+
 async def test_a_threaded_receive_gives_a_slow_body_back_to_the_event_loop_where_it_stopped(
         peer: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(intake, "THREADED_PIECE_SECONDS", 0.01)
