@@ -73,7 +73,7 @@ INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on skip uvicorn's copies
 INTAKE_PIECE_BYTES = FOLIO_BYTES  # one ASGI message per piece: the filesystem tier's write unit
 QUEUED_PIECES = 1  # full pieces waiting for the app before reading pauses: one (2 and 1 measured alike)
 PARTIAL_AFTER = 1.0  # seconds the app waits for a full piece before it gets what has arrived
-THREADED_RECEIVERS = 4  # threads receiving bodies; more PUTs at once are read by the event loop
+THREADED_RECEIVERS = 8  # threads receiving bodies (8 clients: 0.95x the CPU per PUT of 4); more at once: the loop reads
 THREADED_WAKE_BYTES = 512 << 10  # a threaded receive sleeps until this much of its piece has arrived
 THREADED_PIECE_SECONDS = 0.25  # a threaded receive gives up when a piece takes longer (slower than 8 MB/s)
 
@@ -81,10 +81,11 @@ _RECEIVERS = concurrent.futures.ThreadPoolExecutor(THREADED_RECEIVERS, thread_na
 _RECEIVER_SLOTS = threading.BoundedSemaphore(THREADED_RECEIVERS)  # taken without waiting: none free, the loop reads
 _SPARE_PIECES: list[bytearray] = []
 """Full-size pieces a completed threaded receive is done with (its consumer keeps none): the next
-intakes take them instead of zero-filling new ones, 2 MiB each on the event loop (~0.1 ms). A piece
-handed to the app never comes back here, so nothing else can still hold one. ``list.pop`` and
-``append`` are atomic, so worker threads and the event loop share it without a lock."""
-_SPARE_LIMIT = 2 * THREADED_RECEIVERS  # at most 16 MiB kept
+intakes take them instead of new ones, each a fresh 2 MiB the event loop would zero-fill and fault in
+(``kvgw bench io`` PUT with pages recycled: 0.88-0.90 -> 0.79-0.80 s/GiB of server CPU at 1 client,
+BENCHMARKS.md). A piece handed to the app never comes back here, so nothing else can still hold one.
+``list.pop`` and ``append`` are atomic, so worker threads and the event loop share it without a lock."""
+_SPARE_LIMIT = THREADED_RECEIVERS  # one per receiving thread: at most 16 MiB kept
 
 
 def _new_piece(size: int) -> bytearray:
