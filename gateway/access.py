@@ -73,6 +73,11 @@ def anonymous_principal(*, anonymous: bool, admin: bool) -> Principal:
     return ANONYMOUS_READ_WRITE if anonymous else ANONYMOUS
 
 
+def _principal_of(record: CredentialRecord) -> Principal:
+    return Principal(access_key=record.access_key, is_root=record.is_root, grants=record.grants,
+                     deletes=record.deletes)
+
+
 class Directory:
     """Buckets and credentials, cached from the catalog."""
 
@@ -84,6 +89,7 @@ class Directory:
         self._unknown_key_interval = unknown_key_interval
         self._buckets: dict[str, BucketPolicy] = {}
         self._credentials: dict[str, CredentialRecord] = {}
+        self._principals: dict[str, Principal] = {}  # by access key, built with ``_credentials``
         self._loaded_at = 0.0
         self._load_started = float("-inf")  # when the last successful load began
         self._lock = asyncio.Lock()
@@ -98,7 +104,8 @@ class Directory:
         started = time.monotonic()
         buckets = {b.name: b for b in self._catalog.list_buckets()}
         credentials = {c.access_key: c for c in self._catalog.credentials()}
-        self._buckets, self._credentials = buckets, credentials
+        principals = {key: _principal_of(record) for key, record in credentials.items()}
+        self._buckets, self._credentials, self._principals = buckets, credentials, principals
         self._loaded_at = time.monotonic()
         self._load_started = started
 
@@ -138,9 +145,12 @@ class Directory:
         return None if record is None or record.disabled else record.secret
 
     def principal_for(self, access_key: str) -> Principal:
-        record = self._credentials[access_key]
-        return Principal(access_key=access_key, is_root=record.is_root, grants=record.grants,
-                         deletes=record.deletes)
+        """Who a verified ``access_key`` is, built once per catalog read rather than per request (a
+        frozen dataclass costs a few µs to build: ~3% of an S3 HEAD in the lookup lane)."""
+        principal = self._principals.get(access_key)
+        if principal is None:  # a reload (another thread) replaced the views between this request's reads
+            principal = _principal_of(self._credentials[access_key])
+        return principal
 
     async def knows(self, access_key: str) -> bool:
         """Whether ``access_key`` is in the view, re-reading the catalog first if it is not (a credential

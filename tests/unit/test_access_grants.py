@@ -68,6 +68,25 @@ def test_delete_is_its_own_grant() -> None:
         d.authorize(ANONYMOUS_READ_WRITE, BUCKET, Action.DELETE)  # --anonymous alone never deletes
 
 
+def test_principals_follow_each_catalog_read() -> None:
+    """Principals are built once per catalog read: a grant changed in the catalog shows after the next
+    read, and a key the credentials view holds but the principals view not yet (a reload in another
+    thread between two reads of one request) still gets its principal."""
+    catalog = CountingCatalog()
+    catalog.add("KEY", grants={"kvcache": (True, False)})
+    d = directory(catalog)
+    first = d.principal_for("KEY")
+    assert d.principal_for("KEY") is first  # not rebuilt per request
+    with pytest.raises(AccessDenied):
+        d.authorize(first, BUCKET, Action.WRITE)
+    catalog.records = []
+    catalog.add("KEY", grants={"kvcache": (True, True)})
+    d.load()
+    d.authorize(d.principal_for("KEY"), BUCKET, Action.WRITE)
+    d._principals = {}  # the moment between the two views' replacement
+    assert d.principal_for("KEY").grants == {"kvcache": (True, True)}
+
+
 async def test_an_unknown_key_rereads_the_catalog_once() -> None:
     catalog = CountingCatalog()
     d = directory(catalog)
