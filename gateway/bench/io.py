@@ -764,10 +764,10 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 row(f"| {op}{' (no fsync)' if mine == KVGW_NOFSYNC else ''} | {fmt_size(size)} | {c} "
                     f"| {k.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} "
                     f"| {b.bytes_per_s / 1e6:.0f}{berr} | {fmt_ms(b.p50)} / {fmt_ms(b.p99)} | {fmt_ratio(ratio)} |")
-    put_op = ("each PUT kept until the measurement ends" if args.keep_puts else
-              "each PUT followed by a DELETE of its chunk (raw loop: unlink), timed with it")
+    put_op = ("" if "put" not in args.ops else "; each PUT kept until the measurement ends" if args.keep_puts
+              else "; each PUT followed by a DELETE of its chunk (raw loop: unlink), timed with it")
     table(f"Throughput (MB/s = 10^6 B/s), medians of {args.rounds} interleaved rounds of {args.duration:g} s; "
-          f"ratio = median of per-round kvgw/baseline; {put_op}", "op", "size", "clients", "kvgw MB/s",
+          f"ratio = median of per-round kvgw/baseline{put_op}", "op", "size", "clients", "kvgw MB/s",
           "kvgw p50 / p99 ms", "baseline", "baseline MB/s", "baseline p50 / p99 ms", "kvgw / baseline")
     for size in args.sizes:
         for c in args.clients:
