@@ -12,7 +12,13 @@ installed, which the output then says):
   (``gateway.bench.loadgen``), SigV4-signed in advance (UNSIGNED-PAYLOAD, as LMCache sends them):
   a client too cheap to be what is measured, the same for every server;
 - ``kvgw-native loadgen``: kvgw's native API through the load generator. Against ``kvgw-s3 loadgen``
-  this isolates what the S3 front door costs on the server, since client and bytes are the same.
+  this isolates what the S3 front door costs on the server, since client and bytes are the same;
+- ``disk loop`` (PUT only): no server and no network, the bare loop of ``kvgw bench io``
+  (``baselines.store_file``: write in 2 MiB pieces, fsync, link, directory fsync; no fsync with
+  ``--no-fsync``) in as many threads as there are clients, as many files as the native PUT phase
+  wrote, on the disk of the servers' data: the most a durable PUT can move here. When 3x RGW is more
+  than that, the PUT target cannot be met on this machine by any server writing through the page
+  cache, and the verdicts say so beside the target.
 
 The S3 servers: ``kvgw-s3`` (kvgw with fsync on by default); ``rgw``: a throwaway one-mon one-osd Ceph
 cluster with radosgw (``gateway.bench.rgw``, the launcher the tests use), started in the work
@@ -60,6 +66,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gateway.bench import rgw
+from gateway.bench.baselines import raw_write_op
 from gateway.bench.launcher import KvgwProcess, moto_server
 from gateway.bench.loadgen import Address, LoadRequest, Op, Stats, run_load, run_ops
 from gateway.bench.procstat import total_cpu_seconds
@@ -72,6 +79,7 @@ BUCKET = "kvcache"
 KVGW = "kvgw-s3"
 BASELINES = ("rgw", "moto")
 NATIVE = "kvgw-native loadgen"
+DISK = "disk loop"
 CLIENTS = ("boto3", "loadgen")
 
 
@@ -226,6 +234,22 @@ def native_get(kvgw: Server, clients: int, keys: list[str], size: int, duration:
     return Result(NATIVE, "GET", clients, stats)
 
 
+def disk_put(workdir: Path, clients: int, payload: bytes, count: int, *, fsync: bool) -> Result:
+    """The disk's own ceiling for a PUT: ``count`` files written as the filesystem tier writes them (the
+    raw loop of ``kvgw bench io``), by ``clients`` threads (the writes and fsyncs release the GIL), in
+    ``workdir`` (the servers' disk); deleted after the phase, as the servers' objects are trimmed."""
+    written: list[str] = []
+    opener = raw_write_op(workdir / "disk-loop", memoryview(payload), fsync=fsync, written=written)
+    try:
+        stats = run_ops(opener, clients, count=count)
+        stats.client_cpu = 0.0  # no client: the loop's CPU is the row's server column
+    finally:
+        for path in written:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return Result(DISK, "PUT", clients, stats)
+
+
 def _address(url: str) -> Address:
     host, _, port = url.removeprefix("http://").partition(":")
     return host, int(port)
@@ -350,10 +374,40 @@ def _verdicts(results: list[Result], clients_list: list[int], baselines: list[st
                 ok = ok and verdict == "PASS"
             else:
                 verdict += " (informative)"
-            lines.append(f"  {t.text:<44} {clients} client(s): {a:7.0f} / {b:<7.0f} = {a / b:5.2f}  {verdict}")
+            lines.append(_ratio_line(t.text, clients, a, b, verdict))
     for base, why in unavailable.items():
         lines.append(f"  S3 PUT/GET >= 3x {base:<26} n/a: {base.upper()} NOT MEASURED ({why})")
+    lines.extend(_disk_ceiling(rate, clients_list, baselines))
     return "\n".join(lines), ok
+
+
+def _disk_ceiling(rate: dict[tuple[str, str, int], float], clients_list: list[int],
+                  baselines: list[str]) -> list[str]:
+    """Each S3 PUT target beside the disk loop's rate (the most a durable PUT moves here): kvgw's share
+    of it, and whether 3x the baseline is beyond it (then no server writing through the page cache
+    meets that target on this machine)."""
+    lines: list[str] = []
+    for clients in clients_list:
+        disk = rate.get((DISK, "PUT", clients))
+        if not disk:
+            continue
+        kvgw = rate.get((f"{KVGW} loadgen", "PUT", clients))
+        if kvgw:
+            lines.append(_ratio_line("S3 PUT (loadgen) / the disk loop", clients, kvgw, disk, "(informative)"))
+        for base in baselines:
+            for client in CLIENTS:
+                other = rate.get((f"{base} {client}", "PUT", clients))
+                if other:
+                    need = 3 * other
+                    lines.append(_ratio_line(f"3x {base} PUT ({client}) / the disk loop", clients, need, disk,
+                                               "beyond the disk: unreachable here" if need > disk
+                                               else "within the disk"))
+    return lines
+
+
+def _ratio_line(text: str, clients: int, a: float, b: float, verdict: str) -> str:
+    """One line of the verdicts: ``a / b`` at ``clients`` and what it means."""
+    return f"  {text:<44} {clients} client(s): {a:7.0f} / {b:<7.0f} = {a / b:5.2f}  {verdict}"
 
 
 def _baselines(against: str | None) -> tuple[list[str], dict[str, str]]:
@@ -417,7 +471,8 @@ def main(argv: list[str]) -> int:
             others = [stack.enter_context(starts[b](workdir)) for b in baselines]
             for server in others:
                 boto3_client(server).create_bucket(Bucket=BUCKET)
-            results = _run(kvgw, others, clients_list, payload, args.duration, args.rounds, args.keep, tags)
+            results = _run(kvgw, others, clients_list, payload, args.duration, args.rounds, args.keep, tags,
+                           workdir=workdir, fsync=not args.no_fsync)
     except KeyboardInterrupt as exc:
         print(f"kvgw bench s3: interrupted ({exc or 'Ctrl-C'}); servers stopped", file=sys.stderr)
         return 130
@@ -434,10 +489,10 @@ def main(argv: list[str]) -> int:
 
 
 def _run(kvgw: Server, others: list[Server], clients_list: list[int], payload: bytes, duration: float, rounds: int,
-         keep: int, tags: Iterator[str]) -> list[Result]:
-    """Every phase: per client count, the PUTs (native, then boto3 and the load generator on each S3
-    server; each phase's objects trimmed to ``keep`` after it), then ``rounds`` alternating rounds of
-    every GET, the median round of each kept."""
+         keep: int, tags: Iterator[str], *, workdir: Path, fsync: bool) -> list[Result]:
+    """Every phase: per client count, the PUTs (native, the disk loop, then boto3 and the load generator
+    on each S3 server; each phase's objects trimmed to ``keep`` after it), then ``rounds`` alternating
+    rounds of every GET, the median round of each kept."""
     results: list[Result] = []
     size = len(payload)
     s3_servers = [kvgw, *others]
@@ -449,6 +504,10 @@ def _run(kvgw: Server, others: list[Server], clients_list: list[int], payload: b
         native_ops = native.stats.ops
         keep_first(kvgw, native, keep)
         results.append(native)
+        os.sync()
+        loop = Server(DISK, "", (os.getpid(),), "", "")  # its CPU: this process's threads
+        results.append(on_server(loop, functools.partial(disk_put, workdir, clients, payload, native_ops,
+                                                         fsync=fsync)))
         puts: dict[str, Result] = {}
         for server in s3_servers:
             for put in (functools.partial(boto3_put, server, clients, payload, duration, next(tags)),

@@ -76,3 +76,24 @@ def test_table_ratios_compare_like_clients() -> None:
     assert table[0].split()[10:13] == ["/native", "/rgw", "/moto"]
     loadgen_put = next(line for line in table if line.startswith("kvgw-s3 loadgen") and " PUT " in line)
     assert loadgen_put.split()[9:12] == ["1.00", "2.00", "3.00"]  # /native, /rgw (loadgen), /moto (loadgen)
+
+
+def test_put_targets_are_set_beside_the_disk_loop_without_changing_the_verdict() -> None:
+    """3x RGW above what the disk loop moved is called unreachable, below it is not; neither counts."""
+    results = [*rows(rgw_put=150), result(s3.DISK, "PUT", 1, 400)]
+    text, ok = s3._verdicts(results, [1], ["rgw", "moto"], {})
+    assert not ok  # the loadgen PUT target still fails: the disk loop only explains it
+    lines = text.splitlines()
+    assert "  S3 PUT (loadgen) / the disk loop             1 client(s):     300 / 400     =  0.75  " \
+           "(informative)" in lines
+    assert "  3x rgw PUT (loadgen) / the disk loop         1 client(s):     450 / 400     =  1.12  " \
+           "beyond the disk: unreachable here" in lines
+    assert "  3x rgw PUT (boto3) / the disk loop           1 client(s):     300 / 400     =  0.75  " \
+           "within the disk" in lines
+    assert "  3x moto PUT (boto3) / the disk loop          1 client(s):     300 / 400     =  0.75  " \
+           "within the disk" in lines
+
+
+def test_without_a_disk_loop_row_nothing_is_said_of_the_disk() -> None:
+    text, _ = s3._verdicts(rows(rgw_put=150), [1], ["rgw", "moto"], {})
+    assert "disk" not in text
