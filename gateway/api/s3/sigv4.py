@@ -100,12 +100,19 @@ def _transcode_latin1(value: bytes) -> bytes:
     return value.decode("latin-1").encode("utf-8")
 
 
+@functools.lru_cache(maxsize=256)
+def _signed_names(signed: tuple[str, ...]) -> tuple[tuple[bytes, ...], bytes]:
+    """The signed header names as bytes, and joined as the canonical request lists them; memoised, as
+    ``auth`` memoises the parsed list: a client signs the same headers on every request."""
+    names = tuple(name.encode("latin-1") for name in signed)
+    return names, b";".join(names)
+
+
 def canonical_header_blocks(headers: HeaderMap, signed: Sequence[str]) -> list[bytes]:
     """Candidate ``name:value\\n`` blocks for the signed headers (a missing header signs as empty)."""
     raw_lines: list[bytes] = []
     non_ascii = False
-    for name in signed:
-        raw_name = name.encode("latin-1")
+    for raw_name in _signed_names(tuple(signed))[0]:
         values = headers.get(raw_name)
         if values is None:
             value = b""
@@ -133,7 +140,7 @@ def canonical_requests(
 ) -> list[bytes]:
     """Every canonical request a correct client may have signed for this request, likeliest first."""
     query = canonical_query(raw_query, exclude=exclude_query)
-    tail = b";".join(h.encode("latin-1") for h in signed_headers) + b"\n" + payload_hash.encode("latin-1")
+    tail = _signed_names(tuple(signed_headers))[1] + b"\n" + payload_hash.encode("latin-1")
     head = method.encode("latin-1")
     return [
         b"\n".join((head, uri, query, block)) + b"\n" + tail
@@ -173,8 +180,9 @@ def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
 
 
 def sign(key: bytes, message: bytes) -> str:
-    """Lower-case hex HMAC-SHA256, the form signatures travel in."""
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    """Lower-case hex HMAC-SHA256, the form signatures travel in (``hmac.digest``: one call into
+    OpenSSL, without building an ``hmac.HMAC``; a third of what ``hmac.new`` cost per request)."""
+    return hmac.digest(key, message, "sha256").hex()
 
 
 def signatures_equal(expected: str, provided: str) -> bool:

@@ -481,6 +481,29 @@ def test_malformed_authorization(signed: Wire, authorization: str) -> None:
     assert info.value.status == 400
 
 
+@pytest.mark.parametrize(
+    "form",
+    [
+        "AWS4-HMAC-SHA256 Credential={c}, SignedHeaders={h}, Signature={s}",  # botocore, aws-sdk-cpp, minio-go
+        "AWS4-HMAC-SHA256 Credential={c},SignedHeaders={h},Signature={s}",
+        "AWS4-HMAC-SHA256 Signature={s}, Credential={c}, SignedHeaders={h}",
+        "AWS4-HMAC-SHA256  Credential={c} ,  SignedHeaders={h},Signature={s} ",
+    ],
+)
+def test_every_accepted_authorization_form_verifies_alike(signed: Wire, form: str) -> None:
+    """The usual form is read by one regular expression, the others field by field: both find the same
+    credential, signed headers and signature, so the request verifies either way."""
+    raw = signed.header("authorization")
+    assert raw is not None
+    fields = dict(item.strip().split("=", 1) for item in raw.decode().removeprefix("AWS4-HMAC-SHA256 ").split(","))
+    value = form.format(c=fields["Credential"], h=fields["SignedHeaders"], s=fields["Signature"])
+    result = _with_authorization(signed, value).authenticate()
+    assert (result.access_key, result.seed_signature) == (ACCESS_KEY, fields["Signature"])
+    assert ",".join(result.signed_headers) == fields["SignedHeaders"].replace(";", ",")
+    with pytest.raises(SignatureDoesNotMatch):
+        _with_authorization(signed, value.replace(fields["Signature"], "0" * 64)).authenticate()
+
+
 def test_sigv4a_is_unsupported(signed: Wire) -> None:
     with pytest.raises(UnsupportedAuthorization):
         _with_authorization(
