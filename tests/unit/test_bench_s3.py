@@ -4,6 +4,9 @@ Ceph says RGW was not measured instead of failing or passing quietly."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from gateway.bench import s3
@@ -97,3 +100,15 @@ def test_put_targets_are_set_beside_the_disk_loop_without_changing_the_verdict()
 def test_without_a_disk_loop_row_nothing_is_said_of_the_disk() -> None:
     text, _ = s3._verdicts(rows(rgw_put=150), [1], ["rgw", "moto"], {})
     assert "disk" not in text
+
+
+def test_the_disk_loop_writes_every_file_and_leaves_none(tmp_path: Path) -> None:
+    """The disk loop stores ``count`` real files (write, fsync, link) across its threads, counts each
+    as one PUT of the payload's size, and deletes what it wrote after the phase."""
+    payload = os.urandom(3 * 1024 + 5)
+    result = s3.disk_put(tmp_path, 2, payload, 7, fsync=True)
+    assert (result.target, result.op, result.clients) == (s3.DISK, "PUT", 2)
+    assert (result.stats.ops, result.stats.errors) == (7, 0)
+    assert result.stats.client_cpu == 0.0
+    assert result.stats.bytes == 7 * len(payload) and result.mb_per_s > 0
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
