@@ -5,7 +5,8 @@ from the admin stats when Prometheus scrapes).
   histograms per operation (lookups, GET, PUT, batch-get ...); bytes in and out; and, from the
   native lookups, keys hit and missed. Operations are named by the API that served them: the native
   API's from its path (``get_chunk``, ``exists``, ``batch-get`` ...), the S3 API's as S3 names them
-  (``GetObject`` ...; the S3 app puts the name in ``scope["kvgw.op"]``).
+  (``GetObject`` ...; the S3 app puts the name in ``scope["kvgw.op"]``); of those, the requests a client
+  marked as retries (``kvgw_retried_requests``, where an API can tell: ``scope[RETRIED]``).
 - ``StatsCollector`` turns the admin stats (``gateway.stats.gateway_stats``: usage and capacity per
   bucket and tier, lifecycle actions, promotions, bytes moved, write-through backlog, the S3 breaker,
   the cluster's feed and leader) into metric families at scrape time, so nothing on the request path
@@ -25,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.api.http import THREADED_BODY, Message, Receive, Scope, Send
+from gateway.api.http import RETRIED, THREADED_BODY, Message, Receive, Scope, Send
 from gateway.chunks import ThreadedBody, ThreadedOutcome
 
 ASGIApp = Callable[[Scope, Receive, Send], Any]
@@ -58,6 +59,12 @@ class RequestMetrics:
                                 ["api", "op", "status"], registry=registry)
         self.latency = Histogram("kvgw_request_seconds", "Time from a request's start to its last response byte.",
                                  ["api", "op"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.retried = Counter(
+            "kvgw_retried_requests", "Requests answered that the client marked as a retry of an earlier attempt "
+            "(the S3 API: AWS SDKs' amz-sdk-request: attempt=N, N >= 2), by API, operation and status; included in "
+            "kvgw_requests. Clients retry after a timeout or a broken connection, so a rise means answers came "
+            "late or were lost on the way.",
+            ["api", "op", "status"], registry=registry)
         self.bytes_in = Counter("kvgw_request_body_bytes", "Request body bytes received.", ["api"],
                                 registry=registry)
         self.bytes_out = Counter("kvgw_response_body_bytes", "Response body bytes sent.", ["api"], registry=registry)
@@ -107,11 +114,14 @@ class RequestMetrics:
             children = self._byte_children[api] = (self.bytes_in.labels(api), self.bytes_out.labels(api))
         return children
 
-    def answered(self, api: str, op: str, status: int, seconds: float, body_in: int, body_out: int) -> None:
+    def answered(self, api: str, op: str, status: int, seconds: float, body_in: int, body_out: int,
+                 retried: bool = False) -> None:
         """One request answered without an ASGI app (``gateway.api.lane``), counted as ``wrap`` counts."""
         requests, latency = self._request_child(api, op, status)
         requests.inc()
         latency.observe(seconds)
+        if retried:
+            self.retried.labels(api, op, str(status)).inc()
         bytes_in, bytes_out = self._bytes_children(api)
         if body_in:
             bytes_in.inc(body_in)
@@ -153,9 +163,13 @@ class RequestMetrics:
             try:
                 await app(scope, counting_receive, counting_send)
             finally:
-                requests, latency = request_child(api, op_of(scope), status or 499)  # 499: went away unanswered
+                op = op_of(scope)
+                status = status or 499  # went away unanswered
+                requests, latency = request_child(api, op, status)
                 requests.inc()
                 latency.observe(time.perf_counter() - start)
+                if scope.get(RETRIED):
+                    self.retried.labels(api, op, str(status)).inc()
 
         return measured
 

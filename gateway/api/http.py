@@ -67,6 +67,10 @@ def _http_date_of_second(second: int) -> str:
 THREADED_BODY = "kvgw.threaded_body"
 """The scope extension under which the body intake offers itself as a ``ThreadedBody`` (``threaded_body``)."""
 
+RETRIED = "kvgw.retried"
+"""Scope key an API sets to True when the client marked the request as a retry of an earlier attempt
+(``gateway.metrics`` counts it in ``kvgw_retried_requests``)."""
+
 
 class IndexedAnswer(NamedTuple):
     """A complete answer an API found without awaiting anything (``answer_indexed``: the lookup lane,
@@ -76,6 +80,7 @@ class IndexedAnswer(NamedTuple):
     headers: Headers  # content-length included (a HEAD's names the object's size)
     body: bytes
     status: int = 200
+    retried: bool = False  # the client marked the request as a retry (``RETRIED``)
 
 
 class Request:

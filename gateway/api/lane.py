@@ -88,7 +88,8 @@ class LookupLane:
         for name, value in found.headers:
             head += (name, b": ", value, b"\r\n")
         head.append(b"\r\n")
-        self._metrics.answered(api, found.op, found.status, self.clock() - started, len(body), len(found.body))
+        self._metrics.answered(api, found.op, found.status, self.clock() - started, len(body), len(found.body),
+                               found.retried)
         return b"".join(head) + found.body
 
 

@@ -396,6 +396,23 @@ def test_s3_head_object_is_answered_on_the_lane_once_its_attributes_are_known(la
     assert len(lane.calls()) == 1 and normalized(by_app) == normalized(second)
 
 
+def test_s3_requests_marked_as_retries_are_counted_whichever_path_answers(lane: LaneServer) -> None:
+    """AWS SDKs send ``amz-sdk-request: attempt=N; max=M`` on every request: from N = 2 on, kvgw counts
+    the answer in ``kvgw_retried_requests`` too, whether the app or the lane gave it, a hit or a miss."""
+    def head(key: str, attempt: str) -> int:
+        return exchange(lane, s3_head(lane, key, extra={"amz-sdk-request": attempt}), head_request=True).status
+
+    assert head(KEYS[4], "attempt=2; max=3") == 200 and len(lane.calls()) == 1  # not cached yet: the app
+    assert head(KEYS[4], "attempt=3; max=3") == 200 and head("absent", "attempt=10; max=12") == 404
+    for first in ("attempt=1; max=3", "attempt=1", "attempt=x; max=3", "attempt=", "unknown"):
+        assert head(KEYS[4], first) == 200
+    assert lane.calls() == []  # all but the first on the lane
+    metrics = httpx.get(f"{lane.url}/metrics", headers={"Authorization": AUTH}).text
+    pattern = r'^kvgw_(requests|retried_requests)_total\{api="s3",op="HeadObject",status="(\d+)"\} (\S+)$'
+    counts = {(m[1], m[2]): float(m[3]) for m in re.finditer(pattern, metrics, re.M)}
+    assert counts == {("requests", "200"): 7, ("requests", "404"): 1,
+                      ("retried_requests", "200"): 2, ("retried_requests", "404"): 1}
+
 def test_s3_head_answers_ranges_on_the_lane_and_leaves_errors_to_the_app(lane: LaneServer) -> None:
     exchange(lane, s3_head(lane, KEYS[6]), head_request=True)  # caches the attributes
     etag = exchange(lane, s3_head(lane, KEYS[6]), head_request=True).header("etag") or ""

@@ -24,11 +24,21 @@ from typing import Any
 
 from gateway import errors
 from gateway.access import Directory, Principal
-from gateway.api.http import IndexedAnswer, Message, RawHeaders, Receive, Request, ResponseState, Scope, Send
+from gateway.api.http import (
+    RETRIED,
+    IndexedAnswer,
+    Message,
+    RawHeaders,
+    Receive,
+    Request,
+    ResponseState,
+    Scope,
+    Send,
+)
 from gateway.api.s3 import auth as sigv4_auth
 from gateway.api.s3.auth import AuthResult
 from gateway.api.s3.buckets import BucketHandlers
-from gateway.api.s3.common import DRAIN_LIMIT, Call, S3Services
+from gateway.api.s3.common import DRAIN_LIMIT, Call, S3Services, client_retried
 from gateway.api.s3.errors import ERRORS, InvalidAccessKeyId, S3Error, error_response
 from gateway.api.s3.objects import ObjectHandlers
 from gateway.api.s3.routing import Addressing, Target, operation, parse_query
@@ -166,6 +176,8 @@ class S3API:
         req = Request(scope, receive)
         state = ResponseState(send)
         target = Target(None, None)
+        if client_retried(req):
+            scope[RETRIED] = True  # for the request metrics
         try:
             target = self.addressing.target(req.header("host"), req.raw_path)
             query = parse_query(req.query_string)
@@ -211,13 +223,13 @@ class S3API:
             notes[VERIFIED] = (auth, principal)
             found = self.objects.head_indexed(Call(req, _no_send, target, {}, principal, auth))
         except NoSuchChunk as exc:  # certainly absent: the answer, as __call__ would give it
-            return self._error_answer(req, to_s3(exc, target))._replace(op="HeadObject")
+            return self._error_answer(req, to_s3(exc, target))._replace(op="HeadObject", retried=client_retried(req))
         except (S3Error, KvgwError):
             return None
         if found is None:
             return None
         status, answer_headers = found
-        return IndexedAnswer("HeadObject", answer_headers, b"", status)
+        return IndexedAnswer("HeadObject", answer_headers, b"", status, client_retried(req))
 
     async def _authenticate(self, req: Request) -> tuple[AuthResult | None, Principal]:
         claim = self._claim(req)

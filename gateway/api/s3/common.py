@@ -32,6 +32,17 @@ XML = b"application/xml"
 DRAIN_LIMIT = 8 << 20
 
 
+def client_retried(req: Request) -> bool:
+    """Whether the client marked ``req`` as a retry: AWS SDKs (botocore, aws-sdk-cpp, the Java and Go
+    SDKs) send ``amz-sdk-request: attempt=N; max=M`` on every request, N counting from 1. Absent or
+    unreadable: not a retry."""
+    value = req.header("amz-sdk-request")
+    if value is None or value.startswith("attempt=1;") or not value.startswith("attempt="):
+        return False  # the usual first attempt, at the cost of one comparison
+    attempt = value[8:].partition(";")[0].strip()
+    return attempt.isdigit() and int(attempt) > 1
+
+
 @dataclass(slots=True)
 class Call:
     """One S3 request being answered."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,13 +25,24 @@ MiB = 1 << 20
 DOC_ENDPOINT = "kvgw.internal:8080"
 
 
-def s3_requests(server: ServerProcess) -> Counter[tuple[str, str]]:
-    """(S3 operation, status) -> requests answered so far, from the gateway's /metrics."""
+def s3_counts(server: ServerProcess) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
+    """(S3 operation, status) -> requests answered so far, and those of them the client marked as a
+    retry, from the gateway's /metrics."""
     text = httpx.get(f"{server.url}/metrics", headers=server.auth, timeout=30).text
-    out: Counter[tuple[str, str]] = Counter()
-    for m in re.finditer(r'^kvgw_requests_total\{api="s3",op="(\w+)",status="(\d+)"\} (\S+)$', text, re.M):
-        out[(m[1], m[2])] = int(float(m[3]))
+    out: tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]] = (Counter(), Counter())
+    for family, counts in zip(("requests", "retried_requests"), out, strict=True):
+        pattern = rf'^kvgw_{family}_total\{{api="s3",op="(\w+)",status="(\d+)"\}} (\S+)$'
+        for m in re.finditer(pattern, text, re.M):
+            counts[(m[1], m[2])] = int(float(m[3]))
     return out
+
+
+def s3_requests(server: ServerProcess) -> Counter[tuple[str, str]]:
+    """(S3 operation, status) -> first attempts answered so far: the wire pattern the client chose.
+    aws-sdk-cpp sends a request again when an answer takes over 3 s (a frozen gateway, or a VM that
+    stalls), and marks the new one as a retry (``test_a_frozen_gateway_gets_retries``)."""
+    requests, retried = s3_counts(server)
+    return requests - retried
 
 
 def block_hashes(n: int, seed: int) -> list[bytes]:
@@ -223,3 +236,34 @@ def test_a_bucket_ttl_expires_blocks_vllm_never_deletes(
     sent = fill(tier, range(1), seed + 1)
     assert tier.store([0], keys) == "DONE"
     assert tier.load([2], keys) == "DONE" and bytes(tier.view(2)) == sent[0]
+
+
+def test_a_frozen_gateway_gets_retries(
+    make_tier: Callable[..., ObjTier], gateway: ServerProcess, seed: int
+) -> None:
+    """A gateway frozen (SIGSTOP) for longer than aws-sdk-cpp waits for an answer (3 s): the client sends
+    the loads in flight again, marked ``amz-sdk-request: attempt=2``; kvgw answers both attempts and counts
+    the second ones in ``kvgw_retried_requests``, so the first attempts are still vLLM's wire pattern
+    and every block arrives byte for byte."""
+    n = 8
+    tier = make_tier(store_config(gateway), block_bytes=MiB, blocks=2 * n)
+    keys = [KeyForm().object_key(h) for h in block_hashes(n, seed)]
+    sent = fill(tier, range(n), seed)
+    assert tier.store(list(range(n)), keys) == "DONE"
+    requests_before, retried_before = s3_counts(gateway)
+    loaded: list[str] = []
+    (pid,) = gateway.pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        loading = threading.Thread(target=lambda: loaded.append(tier.load(list(range(n, 2 * n)), keys)))
+        loading.start()
+        time.sleep(4.0)  # past aws-sdk-cpp's 3 s: the requests in flight time out and are sent again
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    loading.join(timeout=120)
+    assert loaded == ["DONE"]
+    assert [bytes(tier.view(n + i)) for i in range(n)] == sent
+    requests, retried = s3_counts(gateway)
+    retried -= retried_before
+    assert set(retried) == {("GetObject", "206")} and retried[("GetObject", "206")] >= 1, retried
+    assert requests - requests_before - retried == Counter({("GetObject", "206"): n})
