@@ -26,8 +26,8 @@ body that trickles in is handed over as it arrives once the app has waited ``PAR
 a full piece (a copy, on that slow path only), so the apps' body idle deadline keeps meaning "no byte
 for that long".
 
-**Threaded receives** (``consume_in_thread``: the ``ThreadedBody`` a native PUT, or an S3 PUT with
-nothing to hash, ``Payload.threaded``, hands the service):
+**Threaded receives** (``consume_in_thread``: the ``ThreadedBody`` a native PUT, or an S3 PUT whose body is
+not aws-chunked, ``Payload.threaded``, hands the service):
 the service can take the body in a worker thread instead, where one thread receives each piece from
 the socket into one reused buffer, and the service hashes it and the filesystem tier writes it before
 the next is received. The event loop then does nothing per piece (no callback per socket read, no
