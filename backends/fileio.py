@@ -1,7 +1,8 @@
 """Small POSIX helpers shared by the filesystem tier, the multipart staging area, the index and the
-benches: writes (``write_all``, ``start_writeback``, ``fsync_dir``: the raw-write baseline of ``kvgw bench io`` must do
-exactly what the tier does to be a fair baseline), the one translation of ``OSError`` into
-``backends.errors`` (``translate_oserror``, ``run_io``) and the one reader of the mount table.
+benches: writes (``write_all``, ``start_writeback``, ``open_direct`` and ``write_direct``, ``fsync_dir``:
+the raw-write baseline of ``kvgw bench io`` must do exactly what the tier does to be a fair baseline),
+the one translation of ``OSError`` into ``backends.errors`` (``translate_oserror``, ``run_io``) and the
+one reader of the mount table.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import mmap
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +66,62 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
 
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of the range's dirty pages, do not wait
 _sync_file_range = _load_sync_file_range()
+
+
+DIRECT_ALIGN = 4096
+"""Offsets and lengths of direct writes are multiples of this (the largest logical block size in use)."""
+_DIRECT_BUFFER_BYTES = 2 << 20
+_direct_buffers = threading.local()
+
+
+def open_direct(path: str) -> int | None:
+    """A second descriptor on the file at ``path`` that writes around the page cache (``O_DIRECT``), or
+    None where the filesystem refuses it (tmpfs, some FUSE and NFS setups: EINVAL) or the platform has
+    no such flag."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+
+
+def write_direct(fd: int, pieces: list[bytes | memoryview], offset: int) -> None:
+    """Write ``pieces`` at ``offset`` through ``fd`` (an ``open_direct`` descriptor): both ``offset`` and
+    the pieces' total length must be multiples of ``DIRECT_ALIGN``. The bytes are copied into this
+    thread's page-aligned buffer (``O_DIRECT`` wants aligned memory, which Python's buffers are not)
+    and go from there to the disk, so no page-cache page is allocated for them: on a VM that returns
+    freed memory to its host, each new page-cache page costs a fault in the host (BENCHMARKS.md,
+    "kvgw bench s3"). The file's cached pages for the range, if any, are dropped by the kernel."""
+    buffer = getattr(_direct_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _direct_buffers.buffer = mmap.mmap(-1, _DIRECT_BUFFER_BYTES)
+    view = memoryview(buffer)
+    filled = 0
+    for piece in pieces:
+        source = memoryview(piece)
+        while source:
+            n = min(len(source), _DIRECT_BUFFER_BYTES - filled)
+            view[filled : filled + n] = source[:n]
+            filled += n
+            source = source[n:]
+            if filled == _DIRECT_BUFFER_BYTES:
+                offset = _pwrite_all(fd, view, offset)
+                filled = 0
+    if filled:
+        _pwrite_all(fd, view[:filled], offset)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> int:
+    """``view`` written at ``offset``; the offset after it."""
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+    return offset
 
 
 def fsync_dir(path: str) -> None:

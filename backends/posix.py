@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import mmap
 import os
 import socket
@@ -30,16 +31,21 @@ from backends import chunkfile
 from backends.base import ChunkMeta, check_bytes
 from backends.errors import BackendError
 from backends.fileio import (
+    DIRECT_ALIGN,
     LOCAL_FILESYSTEMS,
     filesystem_type,
     fsync_dir,
+    open_direct,
     pid_alive,
     run_io,
     start_writeback,
     translate_oserror,
     write_all,
+    write_direct,
 )
 from backends.tiers import TierId
+
+log = logging.getLogger("kvgw.posix")
 
 _STAGING_SUFFIX = ".part"
 FOLIO_BYTES = 2 << 20
@@ -78,6 +84,7 @@ class PosixStagedChunk:
         self._digest = digest
         self._path = staging_path
         self._fd: int | None = None
+        self._direct_fd: int | None = None  # the same file, written around the page cache (direct writes)
         self._file_bytes = 0  # written to the staging file so far
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
@@ -116,11 +123,35 @@ class PosixStagedChunk:
         if self._fd is None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             self._fd = os.open(self._path, flags, 0o644)
-        write_all(self._fd, pieces)
+        if self._tier.direct_writes:
+            pieces = self._write_direct(pieces)
         length = sum(len(p) for p in pieces)
+        if not length:
+            return
+        write_all(self._fd, pieces)
         if self._tier.fsync:  # the fsync in ``publish`` then waits only for what comes after
             start_writeback(self._fd, self._file_bytes, length)
         self._file_bytes += length
+
+    def _write_direct(self, pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
+        """The tier's direct writes (``PosixTier.direct_writes``): the pieces' leading whole multiples of
+        ``DIRECT_ALIGN`` written around the page cache; returns the rest (a chunk's last partial block
+        and its footer), which the caller writes through the page cache, after them."""
+        assert self._fd is not None
+        length = sum(len(p) for p in pieces)
+        aligned = length - length % DIRECT_ALIGN if self._file_bytes % DIRECT_ALIGN == 0 else 0
+        if not aligned:
+            return pieces
+        if self._direct_fd is None:
+            self._direct_fd = open_direct(self._path)
+            if self._direct_fd is None:  # the filesystem refuses O_DIRECT: the tier stops asking
+                self._tier.direct_unsupported()
+                return pieces
+        head, rest = split_at(pieces, aligned)
+        write_direct(self._direct_fd, head, self._file_bytes)
+        self._file_bytes += aligned
+        os.lseek(self._fd, self._file_bytes, os.SEEK_SET)  # the buffered descriptor writes on from there
+        return rest
 
     async def publish(self, meta: ChunkMeta) -> bool:
         pieces: list[bytes | memoryview] = [*self._pending, chunkfile.encode_footer(meta)]
@@ -141,9 +172,8 @@ class PosixStagedChunk:
             self._write_sync(pieces)
             assert self._fd is not None
             if self._tier.fsync:
-                os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+                os.fsync(self._fd)  # the inode's: what either descriptor wrote
+            self._close_fds()
             final = self._tier.path_for(self._digest)
             shard = os.path.dirname(final)
             self._tier.ensure_dir(shard)
@@ -161,12 +191,16 @@ class PosixStagedChunk:
             self._cleanup_sync(self._path)
 
     def _cleanup_sync(self, path: str) -> None:
-        """Close the staging fd and unlink the staging file. Only when no worker thread writes to it."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        """Close the staging fds and unlink the staging file. Only when no worker thread writes to it."""
+        self._close_fds()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+    def _close_fds(self) -> None:
+        for fd in (self._fd, self._direct_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._direct_fd = None
 
     async def discard(self) -> None:
         self._pending = []
@@ -209,10 +243,11 @@ class PosixTier:
 
     name = TierId.FS.label
 
-    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True, direct_writes: bool = False) -> None:
         self.root = root
         self._root = str(root)
         self.fsync = fsync
+        self.direct_writes = direct_writes  # chunk data written around the page cache (Settings.fs_direct_writes)
         self._chunks = str(root / "chunks")
         self._staging = str(root / "staging")
         self._quarantine = str(root / "quarantine")
@@ -225,6 +260,12 @@ class PosixTier:
         self._probe_inline = filesystem_type(root) in LOCAL_FILESYSTEMS
         for path in (self._chunks, self._staging, self._quarantine):
             os.makedirs(path, exist_ok=True)
+
+    def direct_unsupported(self) -> None:
+        """The filesystem refused ``O_DIRECT``: write through the page cache from now on (said once)."""
+        if self.direct_writes:
+            self.direct_writes = False
+            log.warning("%s does not take O_DIRECT writes: chunks are written through the page cache", self._root)
 
     def path_for(self, digest: bytes) -> str:
         return f"{self._root}/{self.relative_path(digest)}"

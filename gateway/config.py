@@ -89,6 +89,7 @@ class Settings(BaseSettings):
     default_capacity_fraction: float = 0.9  # a new bucket's fs-tier capacity: this share of the filesystem (0: none)
 
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
+    fs_direct_writes: bool = False  # chunk data written around the page cache (O_DIRECT): cheap PUTs, cold first reads
     verify_reads: bool = True  # check a chunk's checksum before serving its first byte
     lookup_lane: bool = True  # answer index-only HEAD / exists / prefix inside the HTTP protocol (gateway.api.lane)
     whole_read_max_bytes: int = 16 * MiB  # chunks up to this size are read in one go, larger ones streamed

@@ -70,17 +70,18 @@ async def scanned(tier: Tier) -> dict[bytes, ChunkMeta | None]:
     return {digest: meta async for digest, meta in tier.scan()}
 
 
-@pytest.fixture(params=["posix", "posix-on-nfs", *S3_SERVERS, "memory", "faulty-memory"])
+@pytest.fixture(params=["posix", "posix-direct", "posix-on-nfs", *S3_SERVERS, "memory", "faulty-memory"])
 async def case(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TierCase]:
     opened: list[Tier] = []
     dropped: list[Callable[[], None]] = []  # after the tiers are closed
-    if request.param in ("posix", "posix-on-nfs"):
+    if request.param in ("posix", "posix-direct", "posix-on-nfs"):
         root = tmp_path / "tier"
+        direct = request.param == "posix-direct"  # chunk data written around the page cache
         if request.param == "posix-on-nfs":  # the tier as it runs on a network filesystem (no inline probes)
             request.getfixturevalue("monkeypatch").setattr("backends.posix.filesystem_type", lambda path: "nfs4")
 
         async def reopen_posix() -> Tier:
-            tier = PosixTier(root, fsync=False)
+            tier = PosixTier(root, fsync=False, direct_writes=direct)
             opened.append(tier)
             return tier
 
