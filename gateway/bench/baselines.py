@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast
 
 import orjson
 
-from backends.fileio import fsync_dir, start_writeback
+from backends.fileio import DIRECT_ALIGN, fsync_dir, open_direct, start_writeback, write_direct
 from backends.index import alive_in
 from backends.posix import FOLIO_BYTES
 from gateway.bench import procstat
@@ -535,13 +535,14 @@ WRITE_PIECE = FOLIO_BYTES  # as the filesystem tier writes: aligned 2 MiB pieces
 
 
 def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True, recycle: bool = False,
-                 written: list[str] | None = None) -> Callable[[int], Op]:
+                 written: list[str] | None = None, direct: bool = False) -> Callable[[int], Op]:
     """``open_client`` for ``run_ops``: each op writes ``payload`` to a fresh temp file (WRITE_PIECE at
     a time, starting each piece's writeback as the tier does), fsyncs it, links it to a distinct final
     name, removes the temp name and fsyncs the directory -- what a write-once store must do at the least
-    (without fsync with ``fsync=False``). With ``recycle`` the op then unlinks the file, so the next
-    write reuses its page-cache pages (what a PUT followed by a DELETE costs a store); otherwise final
-    paths are appended to ``written`` so the caller can delete them afterwards."""
+    (without fsync with ``fsync=False``; around the page cache with ``direct``). With ``recycle`` the op
+    then unlinks the file, so the next write reuses its page-cache pages (what a PUT followed by a DELETE
+    costs a store); otherwise final paths are appended to ``written`` so the caller can delete them
+    afterwards."""
     staging = directory / "staging"
     final = directory / "final"
     staging.mkdir(parents=True, exist_ok=True)
@@ -552,7 +553,7 @@ def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True, re
     def open_client(i: int) -> Op:
         def op(seq: int) -> int:
             pieces = (payload[at : at + WRITE_PIECE] for at in range(0, payload.nbytes, WRITE_PIECE))
-            target = store_file(str(staging), final_dir, f"{run}-{i}-{seq}", pieces, fsync=fsync)
+            target = store_file(str(staging), final_dir, f"{run}-{i}-{seq}", pieces, fsync=fsync, direct=direct)
             if recycle:
                 os.unlink(target)
             elif written is not None:
@@ -564,26 +565,36 @@ def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True, re
     return open_client
 
 
-def store_file(staging: str, final_dir: str, name: str, pieces: Iterable[memoryview], *, fsync: bool) -> str:
+def store_file(staging: str, final_dir: str, name: str, pieces: Iterable[memoryview], *, fsync: bool,
+               direct: bool = False) -> str:
     """What a write-once store must do at the least, as the filesystem tier does it: ``pieces`` (each
     ``WRITE_PIECE`` long but the last, each written before the next is asked for) to a fresh temp file
     in ``staging``, each piece's writeback started, fsync, link to ``name`` in ``final_dir``, the temp
-    name removed, the directory fsynced (no fsync and no writeback with ``fsync=False``). The final path."""
+    name removed, the directory fsynced (no fsync and no writeback with ``fsync=False``). With ``direct``,
+    whole blocks go around the page cache as the tier's direct writes send them (``write_direct``).
+    The final path."""
     tmp = f"{staging}/{name}.part"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    direct_fd = open_direct(tmp) if direct else None
     try:
         at = 0
         for piece in pieces:
             length = len(piece)
-            while piece:
-                piece = piece[os.write(fd, piece) :]
-            if fsync:
-                start_writeback(fd, at, length)  # as the tier does
+            if direct_fd is not None and length % DIRECT_ALIGN == 0:
+                write_direct(direct_fd, [piece], at)
+            else:
+                while piece:
+                    written = os.pwrite(fd, piece, at + length - len(piece))
+                    piece = piece[written:]
+                if fsync:
+                    start_writeback(fd, at, length)  # as the tier does
             at += length
         if fsync:
             os.fsync(fd)
     finally:
         os.close(fd)
+        if direct_fd is not None:
+            os.close(direct_fd)
     target = f"{final_dir}/{name}"
     os.link(tmp, target)
     os.unlink(tmp)

@@ -15,10 +15,11 @@ installed, which the output then says):
   this isolates what the S3 front door costs on the server, since client and bytes are the same;
 - ``disk loop`` (PUT only): no server and no network, the bare loop of ``kvgw bench io``
   (``baselines.store_file``: write in 2 MiB pieces, fsync, link, directory fsync; no fsync with
-  ``--no-fsync``) in as many threads as there are clients, as many files as the native PUT phase
-  wrote, on the disk of the servers' data: the most a durable PUT can move here. When 3x RGW is more
-  than that, the PUT target cannot be met on this machine by any server writing through the page
-  cache, and the verdicts say so beside the target.
+  ``--no-fsync``; whole blocks around the page cache with ``--direct-writes``, as kvgw then writes) in
+  as many threads as there are clients, as many files as the native PUT phase wrote, on the disk of
+  the servers' data: the most a durable PUT written that way can move here. When 3x RGW is more than
+  that, the PUT target cannot be met on this machine by any server writing that way, and the verdicts
+  say so beside the target.
 
 The S3 servers: ``kvgw-s3`` (kvgw with fsync on by default); ``rgw``: a throwaway one-mon one-osd Ceph
 cluster with radosgw (``gateway.bench.rgw``, the launcher the tests use), started in the work
@@ -98,9 +99,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def kvgw_server(workdir: Path, *, fsync: bool) -> Iterator[Server]:
+def kvgw_server(workdir: Path, *, fsync: bool, direct: bool = False) -> Iterator[Server]:
     env = {"KVGW_ROOT_ACCESS_KEY": ACCESS_KEY, "KVGW_ROOT_SECRET_KEY": SECRET_KEY,
-           "KVGW_FSYNC": "true" if fsync else "false"}
+           "KVGW_FSYNC": "true" if fsync else "false", "KVGW_FS_DIRECT_WRITES": "true" if direct else "false"}
     with KvgwProcess(workdir / "kvgw-data", env=env, log_path=workdir / "kvgw.log") as server:
         assert server.proc is not None
         yield Server(KVGW, server.url, (server.proc.pid,), ACCESS_KEY, SECRET_KEY)
@@ -234,12 +235,12 @@ def native_get(kvgw: Server, clients: int, keys: list[str], size: int, duration:
     return Result(NATIVE, "GET", clients, stats)
 
 
-def disk_put(workdir: Path, clients: int, payload: bytes, count: int, *, fsync: bool) -> Result:
+def disk_put(workdir: Path, clients: int, payload: bytes, count: int, *, fsync: bool, direct: bool = False) -> Result:
     """The disk's own ceiling for a PUT: ``count`` files written as the filesystem tier writes them (the
     raw loop of ``kvgw bench io``), by ``clients`` threads (the writes and fsyncs release the GIL), in
     ``workdir`` (the servers' disk); deleted after the phase, as the servers' objects are trimmed."""
     written: list[str] = []
-    opener = raw_write_op(workdir / "disk-loop", memoryview(payload), fsync=fsync, written=written)
+    opener = raw_write_op(workdir / "disk-loop", memoryview(payload), fsync=fsync, written=written, direct=direct)
     try:
         stats = run_ops(opener, clients, count=count)
         stats.client_cpu = 0.0  # no client: the loop's CPU is the row's server column
@@ -447,6 +448,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", type=int, default=64, help="objects of each PUT phase kept for the GET phases; "
                                                               "the rest are deleted after the phase (default 64)")
     parser.add_argument("--no-fsync", action="store_true", help="run kvgw without fsync (default: fsync on)")
+    parser.add_argument("--direct-writes", action="store_true",
+                        help="run kvgw with KVGW_FS_DIRECT_WRITES (and the disk loop writing the same way)")
     parser.add_argument("--against", help="baseline S3 servers, comma-separated: rgw, moto (default: both, or "
                                           "moto alone when Ceph RGW is not installed)")
     parser.add_argument("--workdir", type=Path, help="where servers keep data (default: a temp dir, removed)")
@@ -459,7 +462,8 @@ def main(argv: list[str]) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     tags = (f"r{n}" for n in itertools.count())
     print(f"kvgw bench s3: {len(payload) / MiB:g} MiB objects, clients {clients_list}, {args.duration:g} s per "
-          f"phase, {args.rounds} GET rounds, kvgw fsync {'off' if args.no_fsync else 'on'}, against "
+          f"phase, {args.rounds} GET rounds, kvgw fsync {'off' if args.no_fsync else 'on'}"
+          f"{', direct writes' if args.direct_writes else ''}, against "
           f"{', '.join(baselines)}, {os.cpu_count()} CPUs, workdir {workdir}", flush=True)
     for base, why in unavailable.items():
         print(f"  {base}: NOT AVAILABLE ({why}): no {base} rows, its targets are not measured", flush=True)
@@ -467,12 +471,12 @@ def main(argv: list[str]) -> int:
     starts = {"rgw": rgw_s3, "moto": moto_s3}
     try:
         with contextlib.ExitStack() as stack:
-            kvgw = stack.enter_context(kvgw_server(workdir, fsync=not args.no_fsync))
+            kvgw = stack.enter_context(kvgw_server(workdir, fsync=not args.no_fsync, direct=args.direct_writes))
             others = [stack.enter_context(starts[b](workdir)) for b in baselines]
             for server in others:
                 boto3_client(server).create_bucket(Bucket=BUCKET)
             results = _run(kvgw, others, clients_list, payload, args.duration, args.rounds, args.keep, tags,
-                           workdir=workdir, fsync=not args.no_fsync)
+                           workdir=workdir, fsync=not args.no_fsync, direct=args.direct_writes)
     except KeyboardInterrupt as exc:
         print(f"kvgw bench s3: interrupted ({exc or 'Ctrl-C'}); servers stopped", file=sys.stderr)
         return 130
@@ -489,7 +493,7 @@ def main(argv: list[str]) -> int:
 
 
 def _run(kvgw: Server, others: list[Server], clients_list: list[int], payload: bytes, duration: float, rounds: int,
-         keep: int, tags: Iterator[str], *, workdir: Path, fsync: bool) -> list[Result]:
+         keep: int, tags: Iterator[str], *, workdir: Path, fsync: bool, direct: bool = False) -> list[Result]:
     """Every phase: per client count, the PUTs (native, the disk loop, then boto3 and the load generator
     on each S3 server; each phase's objects trimmed to ``keep`` after it), then ``rounds`` alternating
     rounds of every GET, the median round of each kept."""
@@ -507,7 +511,7 @@ def _run(kvgw: Server, others: list[Server], clients_list: list[int], payload: b
         os.sync()
         loop = Server(DISK, "", (os.getpid(),), "", "")  # its CPU: this process's threads
         results.append(on_server(loop, functools.partial(disk_put, workdir, clients, payload, native_ops,
-                                                         fsync=fsync)))
+                                                         fsync=fsync, direct=direct)))
         puts: dict[str, Result] = {}
         for server in s3_servers:
             for put in (functools.partial(boto3_put, server, clients, payload, duration, next(tags)),

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import s3
+from gateway.bench import baselines, s3
 from gateway.bench.loadgen import Stats
+from tests.pagecache import cached_pages, file_bytes
 
 
 def result(target: str, op: str, clients: int, mb_per_s: float) -> s3.Result:
@@ -112,3 +113,16 @@ def test_the_disk_loop_writes_every_file_and_leaves_none(tmp_path: Path) -> None
     assert result.stats.client_cpu == 0.0
     assert result.stats.bytes == 7 * len(payload) and result.mb_per_s > 0
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_the_direct_disk_loop_stores_the_bytes_around_the_page_cache(tmp_path: Path) -> None:
+    """``--direct-writes``: the loop writes as the tier's direct writes do (whole blocks around the page
+    cache, the tail through it), and the file holds exactly the payload."""
+    payload = memoryview(os.urandom(2 * 2 * 1024 * 1024 + 5))
+    written: list[str] = []
+    op = baselines.raw_write_op(tmp_path, payload, fsync=True, written=written, direct=True)(0)
+    assert op(0) == payload.nbytes
+    (path,) = written
+    resident, pages = cached_pages(path)
+    assert resident <= 1 and pages == 1025  # the 5-byte tail's page at most
+    assert file_bytes(path) == payload.tobytes()
