@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import mmap
@@ -148,7 +149,17 @@ class PosixStagedChunk:
                 self._tier.direct_unsupported()
                 return pieces
         head, rest = split_at(pieces, aligned)
-        write_direct(self._direct_fd, head, self._file_bytes)
+        try:
+            write_direct(self._direct_fd, head, self._file_bytes)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # opened, then refused (alignment rules of its own): the same bytes through the page cache,
+            # over whatever part of them landed, and no direct writes from now on
+            os.close(self._direct_fd)
+            self._direct_fd = None
+            self._tier.direct_unsupported()
+            return pieces
         self._file_bytes += aligned
         os.lseek(self._fd, self._file_bytes, os.SEEK_SET)  # the buffered descriptor writes on from there
         return rest

@@ -7,6 +7,7 @@ syscalls, a real ``kvgw serve``; which pages the page cache holds is read with m
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import random
 from pathlib import Path
@@ -85,6 +86,30 @@ async def test_a_filesystem_that_refuses_o_direct_gets_buffered_writes(
     assert resident == pages  # written through the page cache
     assert bytes(await tier.read(digest, 0, len(data))) == data
     digest = await store(tier, "refused-2", data, 65_536, threaded=False)
+    assert bytes(await tier.read(digest, 0, len(data))) == data
+    await tier.close()
+
+
+async def test_a_filesystem_that_refuses_direct_writes_after_the_open_gets_them_buffered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``O_DIRECT`` descriptor whose writes fail with EINVAL (injected into ``os.pwrite`` for such
+    descriptors, after a first block landed): the chunk is written through the page cache instead, whole
+    and exact, and the tier stops writing directly."""
+    real_pwrite = os.pwrite
+    refused: list[int] = []
+
+    def refusing_pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT and offset > 0:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", refusing_pwrite)
+    tier = PosixTier(tmp_path / "tier", fsync=True, direct_writes=True)
+    data = random.Random(5).randbytes(3 * FOLIO_BYTES + 99)
+    digest = await store(tier, "refused-late", data, FOLIO_BYTES, threaded=True)
+    assert refused and not tier.direct_writes
+    assert file_bytes(tier.path_for(digest))[:len(data)] == data
     assert bytes(await tier.read(digest, 0, len(data))) == data
     await tier.close()
 
