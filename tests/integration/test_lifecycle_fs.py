@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -175,7 +174,9 @@ async def test_chains_learnt_from_prefix_calls(gateway: Gateway, clock: Clock) -
         await fill(gateway, clock, bucket, "abcdxyzwvu")
         # no X-Kvgw-Parent: the chain a..d is learnt from the order of a prefix lookup
         assert await gateway.service.prefix(bucket, list("abcd")) == 4
-        await asyncio.sleep(0)  # the chain is learnt just after the answer
+        # the chain is learnt just after the answer, its links written by the index's writer thread
+        digests = [chunk_digest(bucket.name, k) for k in "abcd"]
+        await wait_for_async(lambda: gateway.index.parents_of(digests[1:]) == digests[:-1], "the chain a..d learnt")
         await gateway.lifecycle.run_pass()
         assert survivors(gateway, bucket, "abcdxyzwvu") == "abxyzwvu"
     finally:
