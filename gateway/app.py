@@ -26,6 +26,7 @@ from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
 from gateway.buckets import BucketService, new_bucket_policy
 from gateway.config import Settings
+from gateway.loopwatch import LoopWatch
 from gateway.metrics import RequestMetrics, StatsCollector, native_op
 from gateway.multipart import MultipartStore
 from gateway.readiness import Readiness
@@ -118,6 +119,7 @@ class GatewayApp:
         self.registry = CollectorRegistry()
         self.metrics = RequestMetrics(self.registry)
         self.registry.register(StatsCollector(lambda: gateway_stats(gateway)))
+        self.loop_watch = LoopWatch(self.registry, threshold=settings.loop_stall_seconds)
         native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
                            lookups=self.metrics.count_lookup)
         calls = native.calls
@@ -189,12 +191,15 @@ class GatewayApp:
                 try:
                     await self.gateway.start()
                     await self.s3_api.start()
+                    if self.loop_watch.threshold > 0:
+                        self.loop_watch.start()
                 except Exception as exc:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                self.loop_watch.stop()
                 try:
                     await self.s3_api.stop()
                     await self.gateway.stop()

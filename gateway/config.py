@@ -91,6 +91,7 @@ class Settings(BaseSettings):
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
     fs_direct_writes: bool = False  # chunk data written around the page cache (O_DIRECT): cheap PUTs, cold first reads
     verify_reads: bool = True  # check a chunk's checksum before serving its first byte
+    loop_stall_seconds: float = 1.0  # log where the event loop is when it runs nothing this long (0: no watch)
     lookup_lane: bool = True  # answer index-only HEAD / exists / prefix inside the HTTP protocol (gateway.api.lane)
     whole_read_max_bytes: int = 16 * MiB  # chunks up to this size are read in one go, larger ones streamed
     read_window_bytes: int = 4 * MiB  # piece size when streaming
