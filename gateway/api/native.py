@@ -402,7 +402,7 @@ class NativeAPI:
         await self._send_json(req, send, {"touched": self.service.touch(bucket, keys)})
 
     async def _locate(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
-        """Where each chunk's file is, for clients that mount the filesystem tier (see README)."""
+        """Where each chunk's file is, for clients that mount the filesystem tier (see docs/native-api.md)."""
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
         located = await self.service.locate(bucket, keys)
