@@ -90,6 +90,7 @@ STATUS: dict[type[KvgwError], int] = {
     errors.InvalidRange: 416,
     errors.MissingContentLength: 411,
     errors.ChunkTooLarge: 413,
+    errors.EmptyChunk: 400,
     errors.PreconditionFailed: 412,
     errors.Unauthorized: 401,
     errors.AccessDenied: 403,
