@@ -32,6 +32,7 @@ from gateway.multipart import MultipartStore
 from gateway.readiness import Readiness
 from gateway.runtime import Gateway
 from gateway.stats import gateway_stats
+from gateway.version import kvgw_version
 
 log = logging.getLogger("kvgw")
 
@@ -41,14 +42,14 @@ CONTROL_PREFIX = "/v1/"  # "v1" is no valid bucket name, so S3 paths never start
 
 
 def build_control_plane(gateway: Gateway, registry: CollectorRegistry) -> FastAPI:
-    api = FastAPI(title="kvgw", version="0.1.0", description="KV-cache storage gateway: control plane")
+    api = FastAPI(title="kvgw", version=kvgw_version(), description="KV-cache storage gateway: control plane")
     readiness = Readiness(gateway)
     ready_cache: dict[str, Any] = {"at": 0.0, "ok": False, "detail": {}}
     _json_errors(api)
 
     @api.get("/healthz")
     async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "ok", "version": kvgw_version()}
 
     @api.get("/readyz")
     async def readyz() -> JSONResponse:
@@ -138,6 +139,7 @@ class GatewayApp:
         self._native_api = native
         # answers index-only lookups inside the HTTP protocol (gateway.api.lane; serve.run_worker installs it)
         self.lane = LookupLane(self, self.metrics) if settings.lookup_lane else None
+        self.stopped = False  # the lifespan's shutdown completed (gateway.serve: exit 0 after a clean stop)
 
     @staticmethod
     def api_of(path: str) -> str:
@@ -205,6 +207,7 @@ class GatewayApp:
                     await self.gateway.stop()
                 finally:
                     self.gateway.close()
+                self.stopped = True
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
