@@ -136,6 +136,7 @@ def test_new_writes_and_lookups_need_no_s3(server_factory: type[ServerProcess], 
     server = server_factory(data_dir=tmp_path / "data", env=env)
     from gateway.cli import main as kvgw
 
+    server.data_dir.mkdir(parents=True)  # a bucket made before the first start: only `kvgw serve` makes the dir
     os.environ.update({"KVGW_ROOT_ACCESS_KEY": "x", "KVGW_ROOT_SECRET_KEY": "y"})
     try:
         assert kvgw(["bucket", "create", "remote", "--data-dir", str(server.data_dir), "--write-tier", "s3"]) == 0
