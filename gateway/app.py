@@ -14,9 +14,9 @@ returns, as on the data plane. ``/healthz`` and ``/readyz`` answer ``HEAD`` as w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,7 +47,7 @@ from gateway.logs import current_request_id
 from gateway.loopwatch import LoopWatch
 from gateway.metrics import RequestMetrics, StatsCollector, native_op
 from gateway.multipart import MultipartStore
-from gateway.readiness import Readiness
+from gateway.readiness import Readiness, ReadinessCache, ReadinessCollector
 from gateway.runtime import Gateway
 from gateway.stats import gateway_stats
 from gateway.version import kvgw_version
@@ -61,10 +61,12 @@ REQUEST_ID = "kvgw.request_id"
 """ASGI scope key: the id ``with_request_id`` gave a control-plane request (its error bodies repeat it)."""
 
 
-def build_control_plane(gateway: Gateway, registry: CollectorRegistry) -> FastAPI:
+METRICS_READINESS_WAIT = 2.0
+"""Seconds ``/metrics`` waits for a fresh readiness check before it reports the last one."""
+
+
+def build_control_plane(gateway: Gateway, registry: CollectorRegistry, readiness: ReadinessCache) -> FastAPI:
     api = FastAPI(title="kvgw", version=kvgw_version(), description="KV-cache storage gateway: control plane")
-    readiness = Readiness(gateway)
-    ready_cache: dict[str, Any] = {"at": 0.0, "ok": False, "detail": {}}
     _json_errors(api)
 
     @api.api_route("/healthz", methods=["GET", "HEAD"])
@@ -73,12 +75,8 @@ def build_control_plane(gateway: Gateway, registry: CollectorRegistry) -> FastAP
 
     @api.api_route("/readyz", methods=["GET", "HEAD"])
     async def readyz() -> JSONResponse:
-        now = time.monotonic()
-        if now - ready_cache["at"] > 1.0:
-            ok, detail = await asyncio.to_thread(readiness.check)
-            ready_cache.update(at=now, ok=ok, detail=detail)
-        status = 200 if ready_cache["ok"] else 503
-        return JSONResponse({"ready": ready_cache["ok"], "checks": ready_cache["detail"]}, status_code=status)
+        report = await readiness.current()
+        return JSONResponse({"ready": report.ready, "checks": report.checks}, status_code=200 if report.ready else 503)
 
     @api.get("/v1/admin/buckets")
     async def list_buckets(request: ControlRequest) -> dict[str, Any]:
@@ -93,6 +91,8 @@ def build_control_plane(gateway: Gateway, registry: CollectorRegistry) -> FastAP
     @api.get("/metrics")
     async def metrics(request: ControlRequest) -> Response:
         await _require_root(gateway, request)  # like the admin stats (Prometheus sends the bearer token)
+        with contextlib.suppress(TimeoutError):  # kvgw_readiness: fresh, unless the checks hang
+            await asyncio.wait_for(asyncio.shield(readiness.current()), METRICS_READINESS_WAIT)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return api
@@ -173,14 +173,16 @@ class GatewayApp:
         self.registry = CollectorRegistry()
         self.metrics = RequestMetrics(self.registry)
         self.registry.register(StatsCollector(lambda: gateway_stats(gateway)))
+        self.readiness = ReadinessCache(Readiness(gateway))
+        self.registry.register(ReadinessCollector(lambda: self.readiness.last))
         self.loop_watch = LoopWatch(self.registry, threshold=settings.loop_stall_seconds)
         native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
                            lookups=self.metrics.count_lookup)
         calls = native.calls
         self.native = self.metrics.wrap("native", native,
                                         lambda scope: native_op(scope["method"], scope["path"], calls))
-        self.control = self.metrics.wrap("control", with_request_id(build_control_plane(gateway, self.registry)),
-                                         lambda scope: str(scope["path"]))
+        control = with_request_id(build_control_plane(gateway, self.registry, self.readiness))
+        self.control = self.metrics.wrap("control", control, lambda scope: str(scope["path"]))
         self.s3_api = S3API(
             gateway.service, gateway.directory,
             BucketService(gateway.catalog, gateway.directory, gateway.index,
