@@ -13,8 +13,10 @@ the same calls from the same load generator (``gateway.bench.loadgen``), in alte
   it raises ``NotImplementedError`` for its transports, so the protocol sends on a duplicate of the
   socket's descriptor while the transport's buffer is empty, and waits for writability on it); a large
   PUT body is read by the event loop straight into one reused 2 MiB buffer of the connection's (the
-  parser sees only the bytes that came with the head). A compact prototype for this bench, not
-  production code: no authentication, error bodies, deadlines or metrics;
+  parser sees only the bytes that came with the head). The same server also answers GET by writing the
+  mapped file to its transport (``own protocol, mmap``: GET cells only, to weigh ``sendfile`` against it
+  on the same protocol). A compact prototype for this bench, not production code: no authentication,
+  error bodies, deadlines or metrics;
 - ``granian RSGI``: granian (a Rust HTTP server; its Python side on uvloop) running an RSGI app:
   ``await protocol()`` for a small body, ``async for chunk in protocol`` for a large one,
   ``response_file`` for GET bodies (sent by granian's Rust side), ``response_bytes`` /
@@ -80,7 +82,9 @@ GiB = 1 << 30
 UVICORN = "uvicorn+ASGI"
 PROTOCOL = "own protocol"
 GRANIAN = "granian RSGI"
-CANDIDATES = (UVICORN, PROTOCOL, GRANIAN)
+PROTOCOL_MAPPED = "own protocol, mmap"  # the same server answering GET by writing a mapping, not sendfile
+CANDIDATES = (UVICORN, PROTOCOL, PROTOCOL_MAPPED, GRANIAN)
+MAPPED_PART = b"/mapped/"  # GET .../mapped/<key>: the own protocol writes the mapped file (PROTOCOL_MAPPED)
 KINDS = {UVICORN: "uvicorn", PROTOCOL: "protocol", GRANIAN: "granian"}  # --serve KIND
 NGINX = "nginx sendfile"
 FLOOR = "raw-socket floor"
@@ -451,6 +455,8 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\netag: %s\r\n\r\n" % (size, etag.encode())
             if method == b"HEAD":
                 self._write(head)
+            elif MAPPED_PART in url:
+                self._write_mapped(head, file, size)
             else:
                 self._send_file(head, file, size)
         elif method == b"PUT":  # a small body
@@ -466,13 +472,23 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         else:
             self._write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
 
-    def _send_file(self, head: bytes, file: str, size: int) -> None:
+    def _write_mapped(self, head: bytes, file: str, size: int) -> None:
+        """The file mapped and handed to the transport: uvloop writes what the socket takes at once and
+        keeps (a reference to) the rest, sent as the socket drains (``PROTOCOL_MAPPED``)."""
         assert self.transport is not None
         fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self.transport.writelines([head, memoryview(mapped)])
+
+    def _send_file(self, head: bytes, file: str, size: int) -> None:
+        assert self.transport is not None
         if self.transport.get_write_buffer_size():  # earlier bytes still queued: keep the order
-            with os.fdopen(fd, "rb") as f:
-                self.transport.writelines([head, memoryview(mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ))])
+            self._write_mapped(head, file, size)
             return
+        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
         self.sending = Sending(memoryview(head), fd, 0, size)
         self._pump()
 
@@ -679,8 +695,10 @@ class Bench:
 
             gets = [LoadRequest("GET", chunk_target(k)) for k in keys]
             direct = [LoadRequest("GET", f"/{d.hex()}") for d in digest_many(BUCKET, keys)]
+            mapped = [LoadRequest("GET", f"/v1/buckets/{BUCKET}/mapped/{k}") for k in keys]
             out = {name: (lambda i, seq: gets[(i + seq) % len(gets)]) for name in self.servers}
             out[NGINX] = lambda i, seq: direct[(i + seq) % len(direct)]
+            out[PROTOCOL_MAPPED] = lambda i, seq: mapped[(i + seq) % len(mapped)]
         else:
             payload = bytes(os.urandom(self.size))
             put = LoadRequest("PUT", chunk_target("dataplane-put") if call == PUT_FILE else SINK_PATH, body=payload,
@@ -692,7 +710,8 @@ class Bench:
         return {name: make for name, make in out.items() if name in self.runs(call)}, then
 
     def runs(self, call: str) -> list[str]:
-        return [name for name in (*CANDIDATES, BASELINE[call]) if name in self.servers]
+        names = [n for n in (*CANDIDATES, BASELINE[call]) if n in self.servers]
+        return names if call == GET else [n for n in names if n != PROTOCOL_MAPPED]
 
     def measure(self, name: str, call: str, clients: int, rnd: int, make: MakeRequest,
                 then: MakeRequest | None) -> Sample:
@@ -871,6 +890,8 @@ def main(argv: Sequence[str]) -> int:
             for name, kind in KINDS.items():
                 if kind in kinds:
                     add(name, Candidate(work, data, kind).start())
+            if PROTOCOL in servers:
+                servers[PROTOCOL_MAPPED] = Server(PROTOCOL_MAPPED, servers[PROTOCOL].address, servers[PROTOCOL].pids)
             if nginx_binary is not None:
                 add(NGINX, Nginx(nginx_binary, data / "files", work / "nginx").start(PROBE_PATH))
             add(FLOOR, RawResponder(work / "raw", lookup_answers(), index=(data / "index", BUCKET)).start())
