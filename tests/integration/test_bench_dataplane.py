@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 
 from gateway.bench import dataplane
 from gateway.bench.baselines import find_nginx
+from gateway.bench.loadgen import LoadRequest, run_load
 from tests.requirements import require_module, require_or_skip
 
 
@@ -49,3 +51,34 @@ def test_quick_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixt
         fastest, leanest = dataplane.best(cell)
         assert f"-> fastest: {fastest}; least CPU: {leanest}" in out
     assert len(doc["samples"]) == sum(len(c["servers"]) for c in doc["cells"])
+
+
+@pytest.mark.parametrize("kind", ["protocol", "uvicorn", "granian"])
+def test_candidates_store_every_body_whole(tmp_path: Path, kind: str) -> None:
+    """A candidate that dropped or reordered body bytes would flatter itself: each stores exactly what it
+    was sent (bodies below and above the own protocol's intake threshold, one ending mid-piece), and a
+    PUT + DELETE pair leaves nothing behind."""
+    if kind == "granian":
+        require_module("granian", "granian is not installed (kvgw bench dataplane's third candidate; the bench extra)")
+    data = tmp_path / "data"
+    dataplane.prepare(data, 1, 4096)
+    server = dataplane.Candidate(tmp_path, data, kind).start()
+    try:
+        bodies = [os.urandom(n) for n in (1, dataplane.INTAKE_MIN_BYTES - 1, dataplane.PIECE_BYTES,
+                                          3 * dataplane.PIECE_BYTES + 12345)]
+        done = run_load(server.address, lambda i, seq: LoadRequest("PUT", "/v1/buckets/kvcache/chunks/k",
+                                                                   body=bodies[seq], expect=(201,)), 1,
+                        count=len(bodies))
+        assert done.errors == 0, done.error_samples
+        final = data / "puts" / kind / "final"
+        assert sorted(p.read_bytes() for p in final.iterdir()) == sorted(bodies)
+        for path in final.iterdir():
+            path.unlink()
+        pair = run_load(server.address, lambda i, seq: LoadRequest("PUT", "/v1/buckets/kvcache/chunks/k",
+                                                                   body=bodies[3], expect=(201,)), 1, count=3,
+                        then=lambda i, seq: LoadRequest("DELETE", "/v1/buckets/kvcache/chunks/k", expect=(204,)))
+        assert pair.errors == 0 and pair.statuses == {201: 3, 204: 3}, pair.error_samples
+        assert not list(final.iterdir())
+        assert not list((data / "puts" / kind / "staging").iterdir())
+    finally:
+        server.stop()
