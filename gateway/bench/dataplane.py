@@ -15,7 +15,9 @@ the same calls from the same load generator (``gateway.bench.loadgen``), in alte
   PUT body is read by the event loop straight into one reused 2 MiB buffer of the connection's (the
   parser sees only the bytes that came with the head). The same server also answers GET by writing the
   mapped file to its transport (``own protocol, mmap``: GET cells only, to weigh ``sendfile`` against it
-  on the same protocol). A compact prototype for this bench, not production code: no authentication,
+  on the same protocol), and receives a large PUT body in a worker thread that reads the socket itself
+  (woken per 512 KiB by ``SO_RCVLOWAT``) and writes each piece, as kvgw's threaded receives do (``own
+  protocol, thread``: PUT cells only). A compact prototype for this bench, not production code: no authentication,
   error bodies, deadlines or metrics;
 - ``granian RSGI``: granian (a Rust HTTP server; its Python side on uvloop) running an RSGI app:
   ``await protocol()`` for a small body, ``async for chunk in protocol`` for a large one,
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime as dt
 import importlib.metadata
@@ -53,6 +56,7 @@ import json
 import mmap
 import os
 import platform
+import select
 import socket
 import statistics
 import sys
@@ -83,8 +87,10 @@ UVICORN = "uvicorn+ASGI"
 PROTOCOL = "own protocol"
 GRANIAN = "granian RSGI"
 PROTOCOL_MAPPED = "own protocol, mmap"  # the same server answering GET by writing a mapping, not sendfile
-CANDIDATES = (UVICORN, PROTOCOL, PROTOCOL_MAPPED, GRANIAN)
+PROTOCOL_THREADED = "own protocol, thread"  # the same server receiving large PUT bodies in a worker thread
+CANDIDATES = (UVICORN, PROTOCOL, PROTOCOL_MAPPED, PROTOCOL_THREADED, GRANIAN)
 MAPPED_PART = b"/mapped/"  # GET .../mapped/<key>: the own protocol writes the mapped file (PROTOCOL_MAPPED)
+THREADED_PART = b"/threaded/"  # PUT .../threaded/...: the own protocol receives in a thread (PROTOCOL_THREADED)
 KINDS = {UVICORN: "uvicorn", PROTOCOL: "protocol", GRANIAN: "granian"}  # --serve KIND
 NGINX = "nginx sendfile"
 FLOOR = "raw-socket floor"
@@ -99,6 +105,7 @@ PUT_SINK_CALL = "PUT sink"
 CALLS = {"head": HEAD, "exists": EXISTS, "get": GET, "put": PUT_FILE, "sink": PUT_SINK_CALL}
 BASELINE = {HEAD: FLOOR, EXISTS: FLOOR, GET: NGINX, PUT_FILE: PUT_SINK, PUT_SINK_CALL: RECEIVE_SINK}
 BULK = (GET, PUT_FILE, PUT_SINK_CALL)  # throughput in MB/s and CPU per GiB; the rest per call
+VARIANTS = {PROTOCOL_MAPPED: (GET,), PROTOCOL_THREADED: (PUT_FILE, PUT_SINK_CALL)}  # the own protocol's, by call
 
 SINK_PATH = "/sink"
 PROBE_PATH = "/probe"
@@ -311,6 +318,38 @@ class Intake:
             self.received(part.nbytes)
 
 
+THREAD_WAKE_BYTES = 512 << 10  # a receiving thread sleeps until this much has arrived (SO_RCVLOWAT), as kvgw's
+_RECEIVERS = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="dataplane-body")
+
+
+def receive_rest(sock: socket.socket, intake: Intake) -> None:
+    """In a worker thread: the rest of ``intake``'s body read from ``sock`` (non-blocking: polled, woken
+    per ``THREAD_WAKE_BYTES`` with ``SO_RCVLOWAT``) into its buffer, each piece written by
+    ``intake.received`` in this thread. Raises ConnectionError if the client goes away or stalls 10 s."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    lowat = 1
+    try:
+        while intake.left:
+            window = intake.window()
+            wanted = min(THREAD_WAKE_BYTES, window.nbytes)
+            if wanted != lowat:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted)
+                lowat = wanted
+            try:
+                got = sock.recv_into(window)
+            except BlockingIOError:
+                if not poller.poll(10_000):
+                    raise ConnectionError("the client stalled mid-body") from None
+                continue
+            if not got:
+                raise ConnectionError("the client went away mid-body")
+            intake.received(got)
+    finally:
+        if lowat != 1:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # as the event loop had it
+
+
 @dataclass
 class Sending:
     """A GET answer going out: ``head`` by ``send``, then ``[offset, end)`` of ``fd`` by ``os.sendfile``."""
@@ -344,6 +383,7 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         self.body: list[bytes] = []
         self.intake: Intake | None = None
         self.direct = False  # the intake reads the socket itself (the parser is bypassed for the body)
+        self.threaded = False  # ... in a worker thread (THREADED_PART)
         self.sending: Sending | None = None
         self.queued: list[tuple[bytes, bytes, bytes]] = []
         self.transport: asyncio.Transport | None = None
@@ -386,7 +426,29 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             self.transport.close()
             return
         if self.intake is not None:  # a large PUT's body goes on: read it straight into the buffer
-            self.direct = True
+            if self.threaded:
+                self._receive_in_thread(self.intake)
+            else:
+                self.direct = True
+
+    def _receive_in_thread(self, intake: Intake) -> None:
+        """The rest of the body received and written by a worker thread (``PROTOCOL_THREADED``), reads
+        paused meanwhile; the answer goes out from the loop when it is done."""
+        assert self.transport is not None and self.out is not None
+        self.transport.pause_reading()
+        future = _RECEIVERS.submit(receive_rest, self.out, intake)
+
+        def done() -> None:
+            self.parser = self._httptools.HttpRequestParser(self)  # the old one still expects the body
+            if future.exception() is not None:
+                assert self.transport is not None
+                self.transport.abort()
+                return
+            self._finish_put()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+
+        future.add_done_callback(lambda _: self.loop.call_soon_threadsafe(done))
 
     def eof_received(self) -> bool | None:
         return None
@@ -409,8 +471,9 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         if self.length >= INTAKE_MIN_BYTES and self.parser.get_method() == b"PUT":
             if self.piece is None:
                 self.piece = memoryview(bytearray(PIECE_BYTES))
-            staged = None if self.url == SINK_PATH.encode() else self.puts.stage()
+            staged = None if self.url.endswith(SINK_PATH.encode()) else self.puts.stage()
             self.intake = Intake(self.piece, self.length, staged)
+            self.threaded = THREADED_PART in self.url
 
     def on_body(self, body: bytes) -> None:
         if self.intake is not None:
@@ -460,7 +523,7 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             else:
                 self._send_file(head, file, size)
         elif method == b"PUT":  # a small body
-            if url != SINK_PATH.encode():
+            if not url.endswith(SINK_PATH.encode()):
                 staged = self.puts.stage()
                 staged.write(body)
                 self.puts.stored(self.connection, staged.finish())
@@ -703,15 +766,17 @@ class Bench:
             payload = bytes(os.urandom(self.size))
             put = LoadRequest("PUT", chunk_target("dataplane-put") if call == PUT_FILE else SINK_PATH, body=payload,
                               expect=(201,))
+            threaded = LoadRequest("PUT", f"/v1/buckets/{BUCKET}/threaded/dataplane-put" if call == PUT_FILE else
+                                   f"/threaded{SINK_PATH}", body=payload, expect=(201,))
             out = dict.fromkeys(self.servers, lambda i, seq: put)
+            out[PROTOCOL_THREADED] = lambda i, seq: threaded
             if call == PUT_FILE:
                 delete = LoadRequest("DELETE", chunk_target("dataplane-put"), expect=(204,))
                 then = lambda i, seq: delete  # noqa: E731
         return {name: make for name, make in out.items() if name in self.runs(call)}, then
 
     def runs(self, call: str) -> list[str]:
-        names = [n for n in (*CANDIDATES, BASELINE[call]) if n in self.servers]
-        return names if call == GET else [n for n in names if n != PROTOCOL_MAPPED]
+        return [n for n in (*CANDIDATES, BASELINE[call]) if n in self.servers and call in VARIANTS.get(n, (call,))]
 
     def measure(self, name: str, call: str, clients: int, rnd: int, make: MakeRequest,
                 then: MakeRequest | None) -> Sample:
@@ -890,8 +955,8 @@ def main(argv: Sequence[str]) -> int:
             for name, kind in KINDS.items():
                 if kind in kinds:
                     add(name, Candidate(work, data, kind).start())
-            if PROTOCOL in servers:
-                servers[PROTOCOL_MAPPED] = Server(PROTOCOL_MAPPED, servers[PROTOCOL].address, servers[PROTOCOL].pids)
+            for variant in VARIANTS if PROTOCOL in servers else ():
+                servers[variant] = Server(variant, servers[PROTOCOL].address, servers[PROTOCOL].pids)
             if nginx_binary is not None:
                 add(NGINX, Nginx(nginx_binary, data / "files", work / "nginx").start(PROBE_PATH))
             add(FLOOR, RawResponder(work / "raw", lookup_answers(), index=(data / "index", BUCKET)).start())

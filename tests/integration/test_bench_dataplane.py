@@ -35,8 +35,8 @@ def test_quick_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixt
     for (call, _), cell in cells.items():
         baseline = dataplane.BASELINE[call]
         assert cell["baseline"] == baseline
-        mapped = {dataplane.PROTOCOL_MAPPED} if call == dataplane.GET else set()
-        assert set(cell["servers"]) == {dataplane.UVICORN, dataplane.PROTOCOL, dataplane.GRANIAN, *mapped, baseline}
+        variants = {name for name, calls in dataplane.VARIANTS.items() if call in calls}
+        assert set(cell["servers"]) == {dataplane.UVICORN, dataplane.PROTOCOL, dataplane.GRANIAN, *variants, baseline}
         for name, figures in cell["servers"].items():
             assert figures["rounds"] == 1 and figures["errors"] == 0
             for field in ("p50_ms", "throughput", "cpu"):
@@ -53,11 +53,12 @@ def test_quick_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixt
     assert len(doc["samples"]) == sum(len(c["servers"]) for c in doc["cells"])
 
 
-@pytest.mark.parametrize("kind", ["protocol", "uvicorn", "granian"])
-def test_candidates_store_every_body_whole(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "part"), [("protocol", "chunks"), ("protocol", "threaded"), ("uvicorn", "chunks"),
+                                          ("granian", "chunks")])
+def test_candidates_store_every_body_whole(tmp_path: Path, kind: str, part: str) -> None:
     """A candidate that dropped or reordered body bytes would flatter itself: each stores exactly what it
-    was sent (bodies below and above the own protocol's intake threshold, one ending mid-piece), and a
-    PUT + DELETE pair leaves nothing behind."""
+    was sent (bodies below and above the own protocol's intake threshold, one ending mid-piece; ``threaded``:
+    the own protocol receiving in a worker thread), and a PUT + DELETE pair leaves nothing behind."""
     if kind == "granian":
         require_module("granian", "granian is not installed (kvgw bench dataplane's third candidate; the bench extra)")
     data = tmp_path / "data"
@@ -66,7 +67,7 @@ def test_candidates_store_every_body_whole(tmp_path: Path, kind: str) -> None:
     try:
         bodies = [os.urandom(n) for n in (1, dataplane.INTAKE_MIN_BYTES - 1, dataplane.PIECE_BYTES,
                                           3 * dataplane.PIECE_BYTES + 12345)]
-        done = run_load(server.address, lambda i, seq: LoadRequest("PUT", "/v1/buckets/kvcache/chunks/k",
+        done = run_load(server.address, lambda i, seq: LoadRequest("PUT", f"/v1/buckets/kvcache/{part}/k",
                                                                    body=bodies[seq], expect=(201,)), 1,
                         count=len(bodies))
         assert done.errors == 0, done.error_samples
@@ -74,7 +75,7 @@ def test_candidates_store_every_body_whole(tmp_path: Path, kind: str) -> None:
         assert sorted(p.read_bytes() for p in final.iterdir()) == sorted(bodies)
         for path in final.iterdir():
             path.unlink()
-        pair = run_load(server.address, lambda i, seq: LoadRequest("PUT", "/v1/buckets/kvcache/chunks/k",
+        pair = run_load(server.address, lambda i, seq: LoadRequest("PUT", f"/v1/buckets/kvcache/{part}/k",
                                                                    body=bodies[3], expect=(201,)), 1, count=3,
                         then=lambda i, seq: LoadRequest("DELETE", "/v1/buckets/kvcache/chunks/k", expect=(204,)))
         assert pair.errors == 0 and pair.statuses == {201: 3, 204: 3}, pair.error_samples
