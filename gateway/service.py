@@ -536,6 +536,8 @@ class ChunkService:
             size = tally.received
             if length is not None and size != length:
                 raise IncompleteBody(f"received {size} of {length} bytes")
+            if length is None:
+                check_chunk_size(bucket, size)  # a chunked body that ended without a byte
             value = tally.hasher.intdigest()
             if checksum is not None and checksum != value:
                 raise BadDigest("the body does not match X-Kvgw-Checksum")

@@ -66,6 +66,7 @@ class ErrorCode:
     BAD_DIGEST = "BadDigest"
     MISSING_CONTENT_LENGTH = "MissingContentLength"
     CHUNK_TOO_LARGE = "ChunkTooLarge"
+    EMPTY_CHUNK = "EmptyChunk"
     PRECONDITION_FAILED = "PreconditionFailed"
     INVALID_RANGE = "InvalidRange"
     UNAUTHORIZED = "Unauthorized"

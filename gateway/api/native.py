@@ -98,6 +98,7 @@ STATUS: dict[type[KvgwError], int] = {
     errors.InvalidRange: 416,
     errors.MissingContentLength: 411,
     errors.ChunkTooLarge: 413,
+    errors.EmptyChunk: 400,
     errors.PreconditionFailed: 412,
     errors.Unauthorized: 401,
     errors.AccessDenied: 403,
@@ -413,7 +414,7 @@ class NativeAPI:
         await self._send_json(req, send, {"touched": self.service.touch(bucket, keys)})
 
     async def _locate(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
-        """Where each chunk's file is, for clients that mount the filesystem tier (see README)."""
+        """Where each chunk's file is, for clients that mount the filesystem tier (see docs/native-api.md)."""
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
         located = await self.service.locate(bucket, keys)

@@ -77,6 +77,7 @@ DOMAIN_CODES: dict[type[KvgwError], str] = {
     errors.InvalidRange: "InvalidRange",
     errors.MissingContentLength: "MissingContentLength",
     errors.ChunkTooLarge: "EntityTooLarge",
+    errors.EmptyChunk: "MissingRequestBodyError",
     errors.PreconditionFailed: "PreconditionFailed",
     errors.Unauthorized: "AccessDenied",
     errors.AccessDenied: "AccessDenied",
