@@ -28,17 +28,17 @@ for that long".
 
 **Threaded receives** (``consume_in_thread``: the ``ThreadedBody`` a native PUT, or an S3 PUT whose body is
 not aws-chunked, ``Payload.threaded``, hands the service):
-the service can take the body in a worker thread instead, where one thread receives each piece from
-the socket into one reused buffer, and the service hashes it and the filesystem tier writes it before
-the next is received. The event loop then does nothing per piece (no callback per socket read, no
-hand-off to a write thread, no fresh piece), and the bytes are still in that core's cache when they
-are copied into the page cache (BENCHMARKS.md, "kvgw bench io", has the measurements). Meanwhile the
-transport does not read: the thread reads the socket's descriptor itself, sleeping until
-``THREADED_WAKE_BYTES`` have arrived (``SO_RCVLOWAT``) rather than waking per segment. It gives up, and
-the intake reads the rest as above, as soon as a piece takes longer than ``THREADED_PIECE_SECONDS`` to
-arrive (a slow or stalled client holds no thread) or the client goes away. At most
-``THREADED_RECEIVERS`` at once; a PUT that finds none free is read as above. Not over TLS (the socket
-holds ciphertext).
+the service can take the body in a worker thread instead, where one thread receives each piece from the
+socket into its own page-aligned buffer (which a direct write, ``O_DIRECT``, then takes as it is), and
+the service hashes it and the filesystem tier writes it before the next is received. The event loop then
+does nothing per piece (no callback per socket read, no hand-off to a write thread, no fresh piece), and
+the bytes are still in that core's cache when they are copied into the page cache (BENCHMARKS.md, "kvgw
+bench io", has the measurements). Meanwhile the transport does not read: the thread reads the socket's
+descriptor itself, sleeping until ``THREADED_WAKE_BYTES`` have arrived (``SO_RCVLOWAT``) rather than
+waking per segment. It gives up, and the intake reads the rest as above, as soon as a piece takes longer
+than ``THREADED_PIECE_SECONDS`` to arrive (a slow or stalled client holds no thread) or the client goes
+away. At most ``THREADED_RECEIVERS`` at once; a PUT that finds none free is read as above. Not over TLS
+(the socket holds ciphertext).
 
 Left to the request cycle: other methods, bodies below the threshold or without a ``Content-Length``
 (``Transfer-Encoding``), and pipelined requests (their cycle waits behind another one).
@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from backends.fileio import aligned_buffer
 from backends.posix import FOLIO_BYTES
 from gateway.api.http import Message
 from gateway.chunks import ThreadedOutcome
@@ -85,6 +86,18 @@ intakes take them instead of new ones, each a fresh 2 MiB the event loop would z
 BENCHMARKS.md). A piece handed to the app never comes back here, so nothing else can still hold one.
 ``list.pop`` and ``append`` are atomic, so worker threads and the event loop share it without a lock."""
 _SPARE_LIMIT = THREADED_RECEIVERS  # one per receiving thread: at most 16 MiB kept
+
+
+_THREAD_BUFFERS = threading.local()
+
+
+def _thread_buffer() -> memoryview:
+    """This receiving thread's page-aligned piece buffer (one per thread, kept: ``THREADED_RECEIVERS`` x
+    ``INTAKE_PIECE_BYTES`` at most)."""
+    buffer: memoryview | None = getattr(_THREAD_BUFFERS, "buffer", None)
+    if buffer is None:
+        buffer = _THREAD_BUFFERS.buffer = aligned_buffer(INTAKE_PIECE_BYTES)
+    return buffer
 
 
 def _new_piece(size: int) -> bytearray:
@@ -171,7 +184,19 @@ class BodyIntake(asyncio.BufferedProtocol):
             piece = self._ready.popleft()
             consume(memoryview(piece))
             _spare(piece)
-        buffer = memoryview(self._piece)
+        # the rest goes into this thread's page-aligned buffer, so that a direct write (O_DIRECT) takes
+        # each piece as it is, with no copy (backends.fileio.write_direct); what the event loop had
+        # received of the current piece moves there first, and back if the thread stops part-way
+        buffer = _thread_buffer()[: len(self._piece)]
+        buffer[: self._filled] = memoryview(self._piece)[: self._filled]
+        try:
+            return self._receive_into(buffer, sock, consume, stop)
+        finally:
+            if self._unread and self._filled:
+                self._piece[: self._filled] = buffer[: self._filled]
+
+    def _receive_into(self, buffer: memoryview, sock: socket.socket, consume: Callable[[memoryview], None],
+                      stop: threading.Event) -> ThreadedOutcome:
         fd = sock.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -207,7 +232,7 @@ class BodyIntake(asyncio.BufferedProtocol):
         """Back on the event loop after a threaded receive: the body's end as ``buffer_updated`` would
         have seen it, or the intake reading the rest into a piece that ends where the body ends."""
         if self.complete:
-            _spare(self._piece)  # the thread's reused buffer: its consumer kept nothing of it
+            _spare(self._piece)  # the thread used its own buffer: this piece was never handed on
             self._piece = bytearray()  # ... and this intake, done, never reads it again
             self._http.intake_done()
         elif len(self._piece) - self._filled > self._unread:
