@@ -116,7 +116,7 @@ def cmd_bucket(args: argparse.Namespace) -> int:
 
 _POLICY_FLAGS = ("default_ttl_seconds", "max_chunk_bytes", "capacity_bytes", "anonymous_read", "anonymous_write",
                  "write_tier", "write_through", "s3_capacity_bytes", "high_watermark", "low_watermark",
-                 "eviction_policy", "max_lease_ms", "max_leased_bytes")
+                 "eviction_policy", "max_lease_ms", "max_leased_bytes", "etag_mode")
 
 
 def _policy_doc(policy: Any) -> dict[str, Any]:
@@ -338,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-lease-ms", type=int, help="the longest read lease a lookup may take (ms)")
         p.add_argument("--max-leased-bytes", type=int,
                        help="bytes leased at once (default: a tenth of the bucket's capacity)")
+        p.add_argument("--etag", dest="etag_mode", choices=("xxh3", "md5"),
+                       help="S3 ETags of chunks written from now on: xxh3 (default; the chunk's checksum) or md5 "
+                            "(S3's, for aws s3 sync / rclone; costs an MD5 of every PUT)")
         p.set_defaults(func=cmd_bucket)
     remove = bucket_sub.add_parser("delete", help="delete an empty bucket (its grants go with it)")
     _common(remove)

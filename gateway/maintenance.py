@@ -23,7 +23,7 @@ _BATCH = 512
 
 def entry_from_meta(meta: ChunkMeta, tiers: int = TierId.FS) -> IndexEntry:
     return IndexEntry(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires,
-                      last_access=meta.created, tiers=tiers)
+                      last_access=meta.created, tiers=tiers, md5_etag=meta.md5_etag)
 
 
 @dataclass
