@@ -201,7 +201,8 @@ class Gateway:
             sync=settings.index_sync,
             allow_network_fs=settings.index_allow_network_fs,
         )
-        self.fs = PosixTier(settings.fs_root_path, fsync=settings.fsync, direct_writes=settings.fs_direct_writes)
+        self.fs = PosixTier(settings.fs_root_path, fsync=settings.fsync, direct_writes=settings.fs_direct_writes,
+                            visibility_seconds=settings.fs_visibility_seconds)
         self.tiers: dict[TierId, Tier] = {TierId.FS: self.fs}
         if settings.s3 is not None:
             from backends.s3 import S3Tier
