@@ -60,8 +60,10 @@ def fs_view(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
         return point
 
     yield view
+    unmount = next(([tool, "-u", "-z"] for tool in ("fusermount3", "fusermount") if shutil.which(tool)),
+                   ["umount", "-l"])
     for point in reversed(mounted):
-        subprocess.run(["fusermount", "-u", "-z", str(point)], check=False, capture_output=True, timeout=30)
+        subprocess.run([*unmount, str(point)], check=False, capture_output=True, timeout=30)
 
 
 @pytest.fixture
