@@ -236,6 +236,11 @@ class StatsCollector(Collector):
         yield actions
         yield CounterMetricFamily("kvgw_promotions", "S3-only chunks copied back into the filesystem tier.",
                                   value=doc.get("promotions", 0))
+        hidden = CounterMetricFamily("kvgw_fs_hidden_chunks", "Chunk files listed in their directory that a "
+                                     "lookup here missed (a cached negative lookup), by outcome.", labels=["outcome"])
+        for outcome, value in sorted(doc.get("fs_hidden", {}).items()):
+            hidden.add_metric([outcome], value)
+        yield hidden
         moved = CounterMetricFamily("kvgw_moved_bytes", "Bytes copied between tiers, by direction.",
                                     labels=["direction"])
         for direction, value in sorted(doc.get("moved_bytes", {}).items()):
