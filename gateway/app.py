@@ -37,11 +37,11 @@ from gateway.api.http import (
     new_request_id,
     path_segment,
 )
-from gateway.api.lane import LookupLane
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
 from gateway.buckets import BucketService, new_bucket_policy
 from gateway.config import Settings
+from gateway.dataplane.lane import LookupLane
 from gateway.errors import KvgwError
 from gateway.logs import current_request_id
 from gateway.loopwatch import LoopWatch
@@ -165,7 +165,8 @@ async def _require_root(gateway: Gateway, request: ControlRequest) -> None:
 
 
 class GatewayApp:
-    """The ASGI callable uvicorn runs. Owns the Gateway's lifecycle through ASGI lifespan."""
+    """The ASGI callable kvgw's HTTP server (``gateway.dataplane``) runs. Owns the Gateway's lifecycle
+    through ASGI lifespan."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -192,9 +193,8 @@ class GatewayApp:
         )
         self.s3 = self.metrics.wrap("s3", self.s3_api, lambda scope: str(scope.get("kvgw.op", "unknown")))
         self._native_api = native
-        # answers index-only lookups inside the HTTP protocol (gateway.api.lane; serve.run_worker installs it)
+        # answers index-only lookups inside the HTTP protocol (gateway.dataplane.lane; serve.run_worker installs it)
         self.lane = LookupLane(self, self.metrics) if settings.lookup_lane else None
-        self.stopped = False  # the lifespan's shutdown completed (gateway.serve: exit 0 after a clean stop)
 
     @staticmethod
     def api_of(path: str) -> str:
@@ -262,7 +262,6 @@ class GatewayApp:
                     await self.gateway.stop()
                 finally:
                     self.gateway.close()
-                self.stopped = True
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
