@@ -59,9 +59,13 @@ class ServeLock:
     def acquire(cls, data_dir: Path, port: int) -> ServeLock:
         """Create the data directory if needed and lock it; ConfigurationError, naming the pid and port
         of the gateway that holds it, when another ``kvgw serve`` does."""
-        data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot use the data directory {data_dir.resolve()}: "
+                                     f"{exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

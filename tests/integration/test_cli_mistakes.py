@@ -169,6 +169,11 @@ def test_commands_other_than_serve_never_create_a_data_dir(tmp_path: Path, comma
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_data_dir_serve_cannot_make_is_one_line(tmp_path: Path) -> None:
+    line = one_line(kvgw("serve", "--data-dir", "/proc/kvgw-data", "--port", str(free_port()), cwd=tmp_path))
+    assert line.startswith("kvgw: cannot use the data directory /proc/kvgw-data: ")
+
+
 def test_a_second_serve_on_a_served_data_dir_is_refused(server: ServerProcess, tmp_path: Path) -> None:
     line = one_line(kvgw("serve", "--data-dir", str(server.data_dir), "--port", str(free_port()), cwd=tmp_path,
                          env={"KVGW_ROOT_ACCESS_KEY": ROOT_AK, "KVGW_ROOT_SECRET_KEY": ROOT_SK}))
