@@ -269,6 +269,7 @@ BENCHMARKS = {
     "s3-outage": "gateway.bench.s3_outage",  # exists / PUT / S3-only GET latency with S3 hung or dead
     "floor": "gateway.bench.floor",  # where a small call's server CPU goes: socket, uvicorn, kvgw, in process
     "cluster": "gateway.bench.cluster",  # RSS at 1M chunks, coordination cost, feed lag, --workers scaling
+    "leases": "gateway.bench.leases",  # 64-key lookups with a read lease against the same without
 }
 
 
