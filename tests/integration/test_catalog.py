@@ -31,7 +31,7 @@ def test_migrations_create_the_schema_and_are_idempotent(catalog_url: str, box: 
     tables = set(inspect(catalog.engine).get_table_names())
     assert {"buckets", "credentials", "grants", "alembic_version"} <= tables
     with catalog.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0006"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0007"
     catalog.close()
 
 

@@ -158,6 +158,7 @@ async def test_a_lookup_that_races_a_removal_answers_absent(gateway: Gateway, cl
     assert await gateway.leases.claim("lease", [digests["gone"], digests["back"]]) == {digests["gone"],
                                                                                       digests["back"]}
     await gateway.leases.settle(removed=[digests["back"]])  # "back": removed, then written again
+    await gateway.leases.sync()  # as every granting process learns of it (within a sync)
     with gateway.leases.engine.connect() as conn:
         kinds = dict(conn.execute(LEASES.select().with_only_columns(LEASES.c.digest, LEASES.c.kind)).all())
     assert kinds == {digests["gone"]: REMOVING, digests["back"]: REMOVED}
