@@ -210,7 +210,8 @@ class Gateway:
         self.cluster = Cluster(settings, self.catalog.url, self.index, self.tiers, local=self.ledgers,
                                local_usage=self.ledgers.usage, clock=clock)
         # read leases between lookup and load: granted in memory, shared through the catalog database
-        self.leases = LeaseBook(self.cluster.db, self.cluster.member, clock=clock)
+        self.leases = LeaseBook(self.cluster.db, self.cluster.member, sync_seconds=settings.lease_sync_seconds,
+                                clock=clock)
         self.mover = TierMover(
             self.index, self.tiers, events=self.cluster.events, clock=clock,
             read_window_bytes=settings.read_window_bytes, prefetch_concurrency=settings.prefetch_concurrency,

@@ -69,7 +69,6 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.cluster.db import ClusterDB
 from gateway.leases.local import (
-    FRESH_SECONDS,
     REFUSED_OFF,
     REFUSED_UNREACHABLE,
     LeaseGrant,
@@ -86,7 +85,8 @@ MAX_LEASE_MS = 600_000  # the most a request may ask for, and a bucket's max_lea
 CLAIM_SECONDS = 120.0  # a claim a crashed lifecycle left behind lapses after this
 REMOVED_MEMORY_SECONDS = 60.0  # how long a removal is remembered for lookups that raced it
 TRIM_SECONDS = 30.0  # how often expired rows are deleted
-SYNC_SECONDS = 0.5  # a process syncs at least this often (and at once when it must)
+SYNC_SECONDS = 0.5  # a process syncs at least this often by default (and at once when it must)
+FRESHNESS = 4  # it grants only within this many sync intervals of its last successful sync
 PEEK_SECONDS = 0.05  # SQLite: how often lease_head is read for new claims (no NOTIFY there)
 ACK_SECONDS = 2.0  # how long a claim waits for the processes' acknowledgements
 SILENT_SECONDS = 1.5  # a process that has not synced for this long is not waited for within a claim
@@ -117,17 +117,22 @@ class LeaseStats:
 class LeaseBook:
     """Grant read leases to lookups; claim chunks for the lifecycle. See the module docstring."""
 
-    def __init__(self, db: ClusterDB, member: str, *, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        """``member``: this process's name in ``lease_members`` (the cluster's member id). ``clock``
-        dates leases (unix seconds; tests inject one); ``monotonic`` times syncs."""
+    def __init__(self, db: ClusterDB, member: str, *, sync_seconds: float = SYNC_SECONDS,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``member``: this process's name in ``lease_members`` (the cluster's member id);
+        ``sync_seconds``: how often the syncer writes at least (it grants within ``FRESHNESS`` times
+        that of its last sync). ``clock`` dates leases (unix seconds; tests inject one); ``monotonic``
+        times syncs."""
+        if sync_seconds <= 0:
+            raise ValueError("lease_sync_seconds must be positive")
         self._db = db
+        self.sync_seconds = sync_seconds
         # Lease rows need no durability (a lease lost in a crash merely ends early), so their commits
         # do not wait for the disk: on SQLite an engine of their own with synchronous=NORMAL (WAL: no
         # fsync per commit), on PostgreSQL synchronous_commit off per transaction.
         engine = db.engine if db.postgres else _relaxed_sqlite_engine(db.engine.url)
         self._table = LeaseTable(engine, member=member, channel=lease_channel(db.channel))
-        self.local = LocalLeases(clock=clock, monotonic=monotonic)
+        self.local = LocalLeases(clock=clock, monotonic=monotonic, fresh_seconds=FRESHNESS * sync_seconds)
         self._clock = clock
         self._monotonic = monotonic
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgw-leases")
@@ -238,7 +243,8 @@ class LeaseBook:
         if self._db.postgres:
             self._tasks.append(asyncio.create_task(self._db.listen(
                 self._table.channel, lambda _: self._poke(), lambda up: self._poke() if up else None,
-                what="read leases (syncing every 0.5 s until it is back)"), name="kvgw-lease-listen"))
+                what=f"read leases (syncing every {self.sync_seconds:g} s until it is back)"),
+                name="kvgw-lease-listen"))
 
     async def stop(self) -> None:
         """Write what is granted and leave ``lease_members`` (best effort: a process that cannot is
@@ -277,7 +283,7 @@ class LeaseBook:
         trimmed = last = self._monotonic()
         backoff = 0.05
         while True:
-            due = last + SYNC_SECONDS
+            due = last + self.sync_seconds
             while not wake.is_set() and self._monotonic() < due:
                 timeout = max(0.0, due - self._monotonic())
                 with contextlib.suppress(TimeoutError):
@@ -307,13 +313,14 @@ class LeaseBook:
         waiters, self._waiters = self._waiters, []
         batch = self.local.take()
         try:
-            result = await self._run(self._table.sync, batch, quiet_window(FRESH_SECONDS, batch.horizon_ms))
+            result = await self._run(self._table.sync, batch, quiet_window(self.local.fresh_seconds, batch.horizon_ms))
         except SQLAlchemyError as exc:
             self.local.requeue(batch)
             self.stats.sync_failures += 1
             if not self._outage:
-                log.warning("read leases: the lease table does not answer (%s); granting goes on for %.0f s "
-                            "after the last sync, then lookups are answered without leases", exc, FRESH_SECONDS)
+                log.warning("read leases: the lease table does not answer (%s); granting goes on for %.1f s "
+                            "after the last sync, then lookups are answered without leases", exc,
+                            self.local.fresh_seconds)
                 self._outage = True
             unavailable = LeaseUnavailable(str(exc))
             for future in waiters:
