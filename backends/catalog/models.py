@@ -48,6 +48,10 @@ class Bucket(Base):
     # read leases (revision 0006): the longest lease a lookup may take, and the bytes leased at once
     max_lease_ms: Mapped[int] = mapped_column(Integer, default=10_000)
     max_leased_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # revision 0007: whether zero-length objects are accepted (a KV-cache chunk is never empty)
+    allow_empty_objects: Mapped[bool] = mapped_column(Boolean, default=False)
+    # ETag mode (revision 0008): "xxh3" or "md5" (backends.catalog.store.ETAG_MODES)
+    etag_mode: Mapped[str] = mapped_column(String(8), default="xxh3")
 
 
 class Credential(Base):
@@ -149,7 +153,7 @@ class ChunkLease(Base):
 
 
 class LeaseMember(Base):
-    """A gateway process that grants read leases in memory (revision 0007, ``gateway.leases``): what it
+    """A gateway process that grants read leases in memory (revision 0009, ``gateway.leases``): what it
     has told the catalog. ``seen``: the last removal claim (``lease_log.seq``) it knew of before its last
     sync, whose grants it had all written by then; ``quiet_at`` (the database's clock): past it, none of
     its leases that ``chunk_leases`` lacks is still in force."""
@@ -163,7 +167,7 @@ class LeaseMember(Base):
 
 
 class LeaseLog(Base):
-    """What the lifecycle did to lease states, for the processes that grant leases (revision 0007):
+    """What the lifecycle did to lease states, for the processes that grant leases (revision 0009):
     claimed (``REMOVING``), removed (``REMOVED``) or let go (``RELEASED``), numbered per claim or settle
     in commit order (``lease_head``)."""
 
@@ -187,7 +191,7 @@ class LeaseHead(Base):
 
 
 class LeaseQuota(Base):
-    """A process's share of a bucket's leased-bytes cap (revision 0007): the bytes it may hold leased
+    """A process's share of a bucket's leased-bytes cap (revision 0009): the bytes it may hold leased
     (``bytes``) and holds (``used``). The shares of the live processes never add up past the cap."""
 
     __tablename__ = "lease_quotas"

@@ -1,6 +1,6 @@
 """The catalog's side of read leases: the statements every process and the lifecycle leader run.
 
-Tables (revisions 0006 and 0007): ``chunk_leases`` (one row per chunk in a lease state: ``READ`` until
+Tables (revisions 0006 and 0009): ``chunk_leases`` (one row per chunk in a lease state: ``READ`` until
 ``expires_at``, ``REMOVING`` while the lifecycle removes a copy, ``REMOVED`` lately), ``lease_log`` and
 ``lease_head`` (the claims and their outcomes, numbered in commit order: a claim or settle takes its
 number from ``lease_head``'s one row, whose row lock orders them), ``lease_members`` (what each

@@ -7,8 +7,8 @@
 - ``lease_head``: that one row (``id`` = 1): the last number handed out, the last one trimmed.
 - ``lease_quotas``: each process's share of a bucket's leased-bytes cap.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-11-29
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
