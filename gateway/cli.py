@@ -377,6 +377,7 @@ BENCHMARKS = {
     "cluster": "gateway.bench.cluster",  # RSS at 1M chunks, coordination cost, feed lag, --workers scaling
     "dataplane": "gateway.bench.dataplane",  # issue 31: uvicorn+ASGI, an own httptools protocol, granian RSGI
     "etag": "gateway.bench.etag",  # what an MD5-mode bucket costs a PUT, against an xxh3 one
+    "leases": "gateway.bench.leases",  # 64-key lookups with a read lease against the same without
 }
 
 

@@ -222,8 +222,9 @@ class Gateway:
         # the cluster: publishes every tier change to the feed, applies other gateways' to the index
         self.cluster = Cluster(settings, self.catalog.url, self.index, self.tiers, local=self.ledgers,
                                local_usage=self.ledgers.usage, clock=clock)
-        # read leases between lookup and load, in the catalog database (every gateway sees them)
-        self.leases = LeaseBook(self.cluster.db, clock=clock)
+        # read leases between lookup and load: granted in memory, shared through the catalog database
+        self.leases = LeaseBook(self.cluster.db, self.cluster.member, sync_seconds=settings.lease_sync_seconds,
+                                clock=clock)
         self.mover = TierMover(
             self.index, self.tiers, events=self.cluster.events, clock=clock,
             read_window_bytes=settings.read_window_bytes, prefetch_concurrency=settings.prefetch_concurrency,
@@ -250,6 +251,7 @@ class Gateway:
             log.info("removed %d staged files left by interrupted writes", removed)
         await self.cluster.start()
         await self.leadership.start()
+        await self.leases.start()
         await self.lifecycle.start()
         settings = self.settings
         self._every(settings.catalog_refresh_seconds, "catalog refresh", self.directory.refresh)
@@ -259,7 +261,6 @@ class Gateway:
         if s3 is not None:
             self._every(settings.s3_staging_cleanup_seconds, "S3 staging cleanup",
                         lambda: s3.cleanup_staging(settings.staging_max_age_seconds), leader_only=True)
-        self._tasks.append(asyncio.create_task(self.leases.run(), name="kvgw-leases"))
         if self.cluster.enabled and self.settings.cluster_snapshot_seconds > 0:
             self._tasks.append(asyncio.create_task(self._share_snapshots(), name="kvgw-index-snapshots"))
 
@@ -298,6 +299,7 @@ class Gateway:
     async def stop(self) -> None:
         await self.lifecycle.stop()
         await self.leadership.stop()
+        await self.leases.stop()
         await self.service.close()
         await self.cluster.stop()
         for task in self._tasks:
