@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, cast
 
 import orjson
 
-from backends.fileio import DIRECT_ALIGN, fsync_dir, open_direct, start_writeback, write_direct
+from backends.fileio import DIRECT_ALIGN, aligned_buffer, fsync_dir, open_direct, start_writeback, write_direct
 from backends.index import alive_in
 from backends.posix import FOLIO_BYTES
 from gateway.bench import procstat
@@ -214,18 +214,23 @@ class FastAPIApp(BaselineProcess):
 
 class PutSink(BaselineProcess):
     """``serve_put_sink``: the floor for a PUT server (issue 14, item 3). ``directory`` None: the
-    receive-only sink (issue 31), each body received into one reused buffer and dropped."""
+    receive-only sink (issue 31), each body received into one reused buffer and dropped. ``direct``:
+    bodies received into page-aligned memory and written with ``O_DIRECT`` from it, as kvgw's direct
+    writes do (``KVGW_FS_DIRECT_WRITES``)."""
 
-    def __init__(self, workdir: Path, directory: Path | None, *, fsync: bool) -> None:
+    def __init__(self, workdir: Path, directory: Path | None, *, fsync: bool, direct: bool = False) -> None:
         super().__init__(workdir)
-        self.name = "put-sink-receive-only" if directory is None else "put-sink" if fsync else "put-sink-no-fsync"
+        kind = "receive-only" if directory is None else "direct" if direct else "file"
+        self.name = f"put-sink-{kind}{'' if fsync else '-no-fsync'}"
         self.log = workdir / f"{self.name}.out"
         self.directory = directory
         self.fsync = fsync
+        self.direct = direct
 
     def start(self) -> PutSink:
         where = ["--receive-only"] if self.directory is None else ["--put-sink", str(self.directory)]
-        self._spawn([*where, *([] if self.fsync else ["--no-fsync"])], "/probe")
+        self._spawn([*where, *([] if self.fsync else ["--no-fsync"]), *(["--direct"] if self.direct else [])],
+                    "/probe")
         return self
 
     def clear(self) -> None:
@@ -274,11 +279,18 @@ def batch_stream_bytes(count: int, size: int) -> int:
     return wire.BATCH_HEADER.size + count * (wire.FRAME_HEADER.size + size) + wire.BATCH_TRAILER.size
 
 
-def batch_request(bucket: str, keys: Sequence[str]) -> LoadRequest:
-    """A native batch-get of ``keys``, as ``kvgw_client`` sends it (POST of ``{"keys": [...]}``); the raw
-    responder answers it with its ``/batch-get`` stream."""
+VERIFY_HEADER = (wire.H_VERIFY, wire.VERIFY_XXH3)
+"""What kvgw's client sends on every GET and batch-get: it checks each chunk's xxh3 itself, so the gateway
+sends the chunk files unverified (``sendfile``)."""
+
+
+def batch_request(bucket: str, keys: Sequence[str], *, verify: bool = True) -> LoadRequest:
+    """A native batch-get of ``keys``, as ``kvgw_client`` sends it (POST of ``{"keys": [...]}``, with
+    ``x-kvgw-verify: xxh3`` unless ``verify`` is False: a reader that leaves verifying to the gateway);
+    the raw responder answers it with its ``/batch-get`` stream."""
+    headers = [("Content-Type", "application/json"), *([VERIFY_HEADER] if verify else [])]
     return LoadRequest("POST", f"/v1/buckets/{bucket}/batch-get", body=json.dumps({"keys": list(keys)}).encode(),
-                       headers=[("Content-Type", "application/json")])
+                       headers=headers)
 
 
 def read_streams(address: Address, request: LoadRequest, body_bytes: int, *, duration: float | None = None,
@@ -429,18 +441,24 @@ def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None,
     loop.run_forever()
 
 
-def serve_put_sink(port: int, directory: Path | None, *, fsync: bool) -> None:
+SINK_WAKE_BYTES = 512 << 10  # as kvgw's threaded receives (``intake.THREADED_WAKE_BYTES``): woken per 512 KiB
+
+
+def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bool = False) -> None:
     """The floor for an HTTP PUT server in Python here (issue 14, item 3): a thread per keep-alive
     connection that reads each request head, receives the body straight into a 2 MiB buffer
-    (``recv_into``) and stores it as ``raw_write_op`` does (``store_file``), then answers 201. No
+    (``recv_into``, waking per ``SINK_WAKE_BYTES`` with ``SO_RCVLOWAT`` as kvgw's threaded receives
+    do, not per segment) and stores it as ``raw_write_op`` does (``store_file``), then answers 201. No
     parsing beyond Content-Length, no hashing, no index: what is left is what receiving the bytes and
     making them durable costs. A DELETE removes the file the connection stored last and answers 204
     (a PUT+DELETE pair recycles page-cache pages, as a store whose chunks are deleted does). Any other
     request (the readiness probe) is answered 200. Other files stay under ``directory`` for the caller
-    to remove.
+    to remove. ``direct``: the buffer is page-aligned and whole pieces go to the disk with ``O_DIRECT``
+    from it, no copy (kvgw's direct writes).
 
     ``directory`` None: the receive-only sink (issue 31): each body is received into the one buffer and
-    dropped, nothing written: the floor of any HTTP PUT here."""
+    dropped, nothing written (a DELETE answers 204, nothing to remove): the floor of any HTTP PUT here."""
+    import select
     import socket
     import threading
 
@@ -454,18 +472,36 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool) -> None:
         """The body in ``WRITE_PIECE`` pieces, each received into ``buffer`` (``first``: the bytes that
         came with the head); a piece is overwritten only after the caller asked for the next."""
         at = 0
-        while at < length:
-            size = min(WRITE_PIECE, length - at)
-            got = min(len(first), size)
-            buffer[:got] = first[:got]
-            first = first[got:]
-            while got < size:
-                n = conn.recv_into(buffer[got:size])
-                if not n:
-                    raise ConnectionError("the client went away mid-body")
-                got += n
-            yield buffer[:size]
-            at += size
+        lowat = 1
+        poller = select.poll()
+        poller.register(conn, select.POLLIN)
+        try:
+            while at < length:
+                size = min(WRITE_PIECE, length - at)
+                got = min(len(first), size)
+                buffer[:got] = first[:got]
+                first = first[got:]
+                while got < size:
+                    try:  # what has arrived, without waiting
+                        n = conn.recv_into(buffer[got:size], 0, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        # sleep until this much has arrived, not per segment, as kvgw's threaded receives
+                        # do: never more than the piece has left, and never in a blocking recv (a recv
+                        # that copied part of it would wait for SO_RCVLOWAT more bytes than will come)
+                        wanted = min(size - got, SINK_WAKE_BYTES)
+                        if wanted != lowat:
+                            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted)
+                            lowat = wanted
+                        poller.poll()
+                        continue
+                    if not n:
+                        raise ConnectionError("the client went away mid-body")
+                    got += n
+                yield buffer[:size]
+                at += size
+        finally:
+            if lowat != 1:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # request heads are small
 
     def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> str | None:
         pieces = received(conn, first, length, buffer)
@@ -473,10 +509,11 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool) -> None:
             for _ in pieces:
                 pass
             return None
-        return store_file(str(staging), str(final), f"{os.getpid()}-{next(names)}", pieces, fsync=fsync)
+        return store_file(str(staging), str(final), f"{os.getpid()}-{next(names)}", pieces, fsync=fsync,
+                          direct=direct)
 
     def handle(conn: socket.socket) -> None:
-        buffer = memoryview(bytearray(WRITE_PIECE))
+        buffer = aligned_buffer(WRITE_PIECE) if direct else memoryview(bytearray(WRITE_PIECE))
         pending = bytearray()
         stored: str | None = None  # the file this connection stored last
         with conn:
@@ -494,8 +531,9 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool) -> None:
                     stored = store(conn, rest, length, buffer)
                     pending = bytearray(rest[length:])
                     conn.sendall(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n")
-                elif head.startswith(b"delete ") and stored is not None:
-                    os.unlink(stored)
+                elif head.startswith(b"delete ") and (stored is not None or directory is None):
+                    if stored is not None:
+                        os.unlink(stored)
                     stored = None
                     pending = bytearray(rest[length:])
                     conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
@@ -535,9 +573,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--receive-only", action="store_true",
                         help="run serve_put_sink receiving each PUT body into one buffer, storing nothing")
     parser.add_argument("--no-fsync", action="store_true", help="--put-sink: write without fsync")
+    parser.add_argument("--direct", action="store_true",
+                        help="--put-sink: receive into page-aligned memory and write whole pieces with O_DIRECT")
     args = parser.parse_args(argv)
     if args.put_sink is not None or args.receive_only:
-        serve_put_sink(args.port, args.put_sink, fsync=not args.no_fsync)
+        serve_put_sink(args.port, args.put_sink, fsync=not args.no_fsync, direct=args.direct)
         return 0
     if args.raw:
         answers = {k.encode(): v.encode() for k, v in (item.split("=", 1) for item in args.answer)}
@@ -564,7 +604,12 @@ def raw_write_op(directory: Path, payload: memoryview, *, fsync: bool = True, re
     (without fsync with ``fsync=False``; around the page cache with ``direct``). With ``recycle`` the op
     then unlinks the file, so the next write reuses its page-cache pages (what a PUT followed by a DELETE
     costs a store); otherwise final paths are appended to ``written`` so the caller can delete them
-    afterwards."""
+    afterwards. With ``direct`` the loop writes from a page-aligned copy of ``payload`` made here, once,
+    so each whole piece goes to the disk as it is, as kvgw's threaded receives hand theirs over."""
+    if direct:
+        aligned = aligned_buffer(payload.nbytes)
+        aligned[:] = payload.cast("B")
+        payload = aligned
     staging = directory / "staging"
     final = directory / "final"
     staging.mkdir(parents=True, exist_ok=True)

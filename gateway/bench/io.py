@@ -5,7 +5,14 @@ What runs (all on loopback, all started here and stopped afterwards):
 
 - ``kvgw serve --anonymous-admin`` on its defaults (fsync on, reads verified), in a subprocess, data in a
   temp dir under ``--data-dir`` (default: the current directory); with ``--compare-no-fsync`` a second
-  one with ``--no-fsync`` for the PUT rows;
+  one with ``--no-fsync`` for the PUT rows; ``--direct-writes`` runs both with
+  ``KVGW_FS_DIRECT_WRITES=true`` (and the raw write loop and the PUT sinks write with ``O_DIRECT`` too,
+  from page-aligned memory, as kvgw then does). Its GETs and batch-gets are sent as kvgw's client sends
+  them, with ``x-kvgw-verify: xxh3`` (the client checks every chunk, so the gateway sends the files
+  unverified, by ``sendfile``): the ``kvgw`` rows; the ``kvgw, server-verified`` rows send the same
+  requests without it, as curl or an S3 SDK would (the gateway verifies each chunk before its first
+  byte); the ``kvgw client`` row is kvgw's own client (``KvgwClient.batch_get_into`` preallocated
+  buffers, every frame's xxh3 checked) reading the batch-get;
 - nginx (``sendfile on``, ``worker_processes auto``) serving the same bytes from files in that temp dir;
 - a plain FastAPI dict-lookup app under uvicorn (uvloop + httptools) for HEAD, and nginx answering
   HEAD for a tiny static file;
@@ -23,9 +30,12 @@ What runs (all on loopback, all started here and stopped afterwards):
 - the **PUT sink** (``baselines.serve_put_sink``, with and without fsync): an HTTP server that receives
   PUT bodies straight into a 2 MiB buffer on a thread per connection and writes them as the raw loop
   does, from the same load generator: the floor for a server that must receive the bytes it stores,
-  which the raw loop (no socket) is not.
+  which the raw loop (no socket) is not; and the **receive-only sink** (the same server storing
+  nothing: each body received into one reused buffer and dropped, waking per 512 KiB as kvgw's
+  threaded receives do): the floor of any HTTP PUT here, issue 31's reference for PUTs without fsync.
 
-The targets printed at the end are issue 14's (``targets``).
+The targets printed at the end are issue 31's for GET, batch-get and PUT, issue 14's for HEAD and the
+lookups (``targets``).
 
 The machine may be shared and noisy, so every figure is measured in ``--rounds`` rounds, kvgw and its
 baselines back to back within a round (their order alternating between rounds); the report gives
@@ -63,6 +73,7 @@ from urllib.parse import quote
 from backends.fileio import mount_of
 from gateway.bench import procstat
 from gateway.bench.baselines import (
+    VERIFY_HEADER,
     FastAPIApp,
     Nginx,
     PutSink,
@@ -93,7 +104,9 @@ BATCH_CHUNKS = 16  # one batch-get of 16 warm 8 MiB chunks against one socket st
 BATCH_CHUNK = 8 * MiB
 BATCH_PAYLOAD = BATCH_CHUNKS * BATCH_CHUNK
 
-KVGW = "kvgw"
+KVGW = "kvgw"  # GET / batch-get as kvgw's client sends them: x-kvgw-verify: xxh3, the files sent unverified
+KVGW_SERVER_VERIFIED = "kvgw, server-verified"  # the same requests without that header: verified by the gateway
+KVGW_CLIENT = "kvgw client"  # KvgwClient.batch_get_into: kvgw's own client, checking every frame's xxh3
 KVGW_NOFSYNC = "kvgw --no-fsync"
 NGINX = "nginx"
 RAW_READ = "raw read"
@@ -101,6 +114,7 @@ RAW_WRITE = "raw write+fsync+link"
 RAW_WRITE_NOFSYNC = "raw write+link"
 PUT_SINK = "PUT sink, fsync"  # serve_put_sink: the floor for an HTTP PUT server
 PUT_SINK_NOFSYNC = "PUT sink, no fsync"
+RECEIVE_SINK = "receive-only sink"  # serve_put_sink storing nothing: the floor of any HTTP PUT (issue 31)
 FASTAPI = "FastAPI dict route"
 RAW_RESPONDER = "raw-socket responder"
 RAW_STREAM = "raw socket stream"
@@ -115,11 +129,14 @@ OPS = ("put", "get", "small", "batch")  # --ops: PUT cells, GET cells + memory p
 
 def kvgw_server(data_dir: Path, *, fsync: bool = True, env: dict[str, str] | None = None) -> KvgwProcess:
     """``kvgw serve`` on its defaults (the caller's KVGW_* settings are not passed on; ``env`` sets
-    some), anonymous with delete rights (``--anonymous-admin``: the PUT cells delete what they wrote;
-    loopback only)."""
+    some, e.g. ``DIRECT_WRITES``), anonymous with delete rights (``--anonymous-admin``: the PUT cells
+    delete what they wrote; loopback only)."""
     return KvgwProcess(data_dir, extra_args=["--anonymous-admin", *([] if fsync else ["--no-fsync"])],
                        env=dict(env or {}), inherit_kvgw_env=False,
                        log_path=data_dir.parent / f"{data_dir.name}.log")
+
+
+DIRECT_WRITES = {"KVGW_FS_DIRECT_WRITES": "true"}  # --direct-writes: chunk data written with O_DIRECT
 
 
 def chunk_target(key: str) -> str:
@@ -181,6 +198,7 @@ class Bench:
     fastapi: FastAPIApp
     responder: RawResponder
     sinks: dict[bool, PutSink] = field(default_factory=dict)  # by fsync: the PUT floor's servers
+    receive_sink: PutSink | None = None  # the receive-only sink (PUT cells without fsync)
     payloads: dict[int, bytearray] = field(default_factory=dict)
     get_keys: dict[int, list[str]] = field(default_factory=dict)
     batch_keys: list[str] = field(default_factory=list)
@@ -194,7 +212,7 @@ class Bench:
         pids = [os.getpid(), *self.kvgw.pids(), *self.nginx.pids(), *self.fastapi.pids(), *self.responder.pids()]
         if self.kvgw_nofsync is not None:
             pids += self.kvgw_nofsync.pids()
-        for sink in self.sinks.values():
+        for sink in (*self.sinks.values(), *([self.receive_sink] if self.receive_sink is not None else [])):
             pids += sink.pids()
         return pids
 
@@ -304,8 +322,11 @@ class Bench:
         return LoadRequest("POST", f"/v1/buckets/{BUCKET}/{op}", body=doc,
                        headers=[("Content-Type", "application/json")])
 
-    def get_request_maker(self, size: int) -> Callable[[int, int], LoadRequest]:
-        reqs = [LoadRequest("GET", chunk_target(k)) for k in self.get_keys[size]]
+    def get_request_maker(self, size: int, *, verify: bool = True) -> Callable[[int, int], LoadRequest]:
+        """GETs cycling over the size's chunks; ``verify``: with ``x-kvgw-verify: xxh3``, as kvgw's client
+        sends them (the load generator itself checks nothing: the server's work is what is measured)."""
+        headers = [VERIFY_HEADER] if verify else []
+        reqs = [LoadRequest("GET", chunk_target(k), headers=headers) for k in self.get_keys[size]]
         n = len(reqs)
         return lambda i, seq: reqs[(i + seq) % n]
 
@@ -355,7 +376,7 @@ class Bench:
             written: list[str] = []
             folder = self.work / "raw-write"
             opener = raw_write_op(folder, memoryview(self.payload(size)), fsync=fsync, recycle=self.recycles(),
-                                  written=written)
+                                  written=written, direct=self.args.direct_writes)
             sample = self.measure(target, "PUT", size, clients, rnd,
                                   lambda: run_ops(opener, clients, duration=self.duration()), [os.getpid()])
             for path in written:
@@ -381,10 +402,10 @@ class Bench:
 
         return run
 
-    def get_kvgw(self, size: int, clients: int) -> Callable[[int], Sample]:
-        make = self.get_request_maker(size)
+    def get_kvgw(self, size: int, clients: int, *, verify: bool = True) -> Callable[[int], Sample]:
+        make = self.get_request_maker(size, verify=verify)
         return lambda rnd: self.measure(
-            KVGW, "GET", size, clients, rnd,
+            KVGW if verify else KVGW_SERVER_VERIFIED, "GET", size, clients, rnd,
             lambda: run_load(self.kvgw.address, make, clients, duration=self.duration()), self.kvgw.pids())
 
     def get_nginx(self, size: int, clients: int) -> Callable[[int], Sample]:
@@ -438,6 +459,39 @@ class Bench:
         return lambda rnd: self.measure(target, BATCH_GET, BATCH_PAYLOAD, 1, rnd,
                                         lambda: read_streams(address, req, size, duration=self.duration()), pids())
 
+    def batch_client(self) -> Callable[[int], Sample]:
+        """kvgw's own client reading the batch-get cell's chunks: ``KvgwClient.blocking.batch_get_into``
+        preallocated buffers (one per chunk, reused), every frame's xxh3 checked by the client, as the
+        LMCache connector and the SGLang backend load. Counted in the same bytes as the other rows."""
+        from kvgw_client.config import ClientSettings
+        from kvgw_client.framing import ItemStatus
+        from kvgw_client.http import KvgwClient
+
+        keys = list(self.batch_keys)
+        moved = batch_request(BUCKET, keys).body_length + batch_stream_bytes(BATCH_CHUNKS, BATCH_CHUNK)
+        host, port = self.kvgw.address
+        opened: dict[int, KvgwClient] = {}
+
+        def open_client(i: int) -> Callable[[int], int]:
+            client = opened[i] = KvgwClient(ClientSettings(url=f"http://{host}:{port}", bucket=BUCKET))
+            buffers = [memoryview(bytearray(BATCH_CHUNK)) for _ in keys]
+
+            def op(seq: int) -> int:
+                statuses = client.blocking.batch_get_into(keys, lambda j, n: buffers[j][:n])
+                if any(status != ItemStatus.OK for status in statuses):
+                    raise RuntimeError(f"batch_get_into: {[str(s) for s in statuses]}")
+                return moved
+
+            op(-1)  # the connection opened before the clock starts
+            return op
+
+        def finish(i: int, _result: Any) -> None:
+            opened.pop(i).close()
+
+        return lambda rnd: self.measure(KVGW_CLIENT, BATCH_GET, BATCH_PAYLOAD, 1, rnd,
+                                        lambda: run_ops(open_client, 1, duration=self.duration(), finish=finish),
+                                        self.kvgw.pids())
+
     def head_nginx(self, clients: int) -> Callable[[int], Sample]:
         probe = LoadRequest("HEAD", "/probe")
         return lambda rnd: self.measure(
@@ -463,13 +517,16 @@ class Bench:
                                                  (RAW_WRITE, self.put_raw(RAW_WRITE, size, c, fsync=True)),
                                                  (PUT_SINK, self.put_sink(self.sinks[True], PUT_SINK, size, c))]))
                 if self.kvgw_nofsync is not None:
-                    out.append(Cell("PUT", size, c, [
-                        (KVGW_NOFSYNC, self.put_kvgw(self.kvgw_nofsync, KVGW_NOFSYNC, size, c)),
-                        (RAW_WRITE_NOFSYNC, self.put_raw(RAW_WRITE_NOFSYNC, size, c, fsync=False)),
-                        (PUT_SINK_NOFSYNC, self.put_sink(self.sinks[False], PUT_SINK_NOFSYNC, size, c))]))
+                    runs = [(KVGW_NOFSYNC, self.put_kvgw(self.kvgw_nofsync, KVGW_NOFSYNC, size, c)),
+                            (RAW_WRITE_NOFSYNC, self.put_raw(RAW_WRITE_NOFSYNC, size, c, fsync=False)),
+                            (PUT_SINK_NOFSYNC, self.put_sink(self.sinks[False], PUT_SINK_NOFSYNC, size, c))]
+                    if self.receive_sink is not None:
+                        runs.append((RECEIVE_SINK, self.put_sink(self.receive_sink, RECEIVE_SINK, size, c)))
+                    out.append(Cell("PUT", size, c, runs))
         for size in sizes if "get" in ops else ():
             for c in clients:
                 out.append(Cell("GET", size, c, [(KVGW, self.get_kvgw(size, c)), (NGINX, self.get_nginx(size, c)),
+                                                 (KVGW_SERVER_VERIFIED, self.get_kvgw(size, c, verify=False)),
                                                  (VERIFIED_SENDER, self.get_verified(size, c)),
                                                  (RAW_READ, self.get_raw(size, c))]))
         for c in clients if "small" in ops else ():
@@ -481,8 +538,11 @@ class Bench:
             out.append(Cell(BATCH_GET, BATCH_PAYLOAD, 1, [
                 (KVGW, self.batch(KVGW, self.kvgw.address, self.kvgw.pids)),
                 (RAW_STREAM, self.batch(RAW_STREAM, self.responder.address, self.responder.pids)),
+                (KVGW_SERVER_VERIFIED, self.batch(KVGW_SERVER_VERIFIED, self.kvgw.address, self.kvgw.pids,
+                                                  batch_request(BUCKET, self.batch_keys, verify=False))),
                 (VERIFIED_SENDER, self.batch(VERIFIED_SENDER, self.responder.address, self.responder.pids,
-                                             self.files_batch_request()))]))
+                                             self.files_batch_request())),
+                (KVGW_CLIENT, self.batch_client())]))
         return out
 
     # -- special phases --
@@ -624,6 +684,10 @@ def cpu_per_gib(s: Sample) -> float | None:
     return s.cpu_per_gib
 
 
+def cpu_or_nan(s: Sample) -> float:
+    return float("nan") if s.cpu_per_gib is None else s.cpu_per_gib
+
+
 def client_cpu_per_gib(s: Sample) -> float:
     return s.stats.client_cpu / (s.stats.bytes / GiB) if s.stats.bytes else float("nan")
 
@@ -674,22 +738,25 @@ class Target:
 
 
 def targets(samples: Sequence[Sample], rss: dict[str, Any] | None) -> list[Target]:
-    """Issue 14's targets (ratios to baselines measured in the same rounds), and the memory cap."""
+    """Issue 31's targets for GET, batch-get and PUT, issue 14's for HEAD and the lookups (ratios to
+    baselines measured in the same rounds), and the memory cap."""
     mb8, mb32 = 8 * MiB, 32 * MiB
     out: list[Target] = []
-    for size, c in ((mb8, 8), (mb8, 1), (mb32, 8), (mb32, 1)):
-        where = f"GET {fmt_size(size)}, {c} client{'s' if c > 1 else ''}"
+    for size, c in ((mb8, 1), (mb8, 8), (mb32, 1), (mb32, 8)):
+        where = f"GET {fmt_size(size)} client-verified, {c} client{'s' if c > 1 else ''}"
         out.append(Target(f"{where}: kvgw / nginx throughput",
-                          paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, throughput), 0.95, True))
+                          paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, throughput), 1.0, True))
         out.append(Target(f"{where}: server CPU per GiB, kvgw / nginx",
                           paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, cpu_per_gib), 1.1, False))
-    for mine, raw, how in ((KVGW, RAW_WRITE, "write+fsync+link"), (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, "write+link")):
-        for c in (1, 8):
-            where = f"PUT 8 MiB, {c} client{'s' if c > 1 else ''}, {'no ' if mine == KVGW_NOFSYNC else ''}fsync"
-            out.append(Target(f"{where}: kvgw / raw {how} throughput",
-                              paired_ratio(samples, (mine, "PUT"), (raw, "PUT"), mb8, c, throughput), 0.9, True))
-            out.append(Target(f"{where}: CPU per GiB, kvgw server / raw loop",
-                              paired_ratio(samples, (mine, "PUT"), (raw, "PUT"), mb8, c, cpu_per_gib), 1.2, False))
+    for c in (1, 8):
+        where = f"PUT 8 MiB, {c} client{'s' if c > 1 else ''}"
+        out.append(Target(f"{where}, fsync: kvgw server CPU per GiB",
+                          median_of(samples, KVGW, "PUT", mb8, c, cpu_or_nan), 1.0, False, unit=" s/GiB"))
+        out.append(Target(f"{where}, fsync: kvgw / {RAW_WRITE} throughput",
+                          paired_ratio(samples, (KVGW, "PUT"), (RAW_WRITE, "PUT"), mb8, c, throughput), 0.9, True))
+        out.append(Target(f"{where}, no fsync: kvgw / {RECEIVE_SINK} throughput",
+                          paired_ratio(samples, (KVGW_NOFSYNC, "PUT"), (RECEIVE_SINK, "PUT"), mb8, c, throughput),
+                          0.9, True))
     for c in (8,):
         out.append(Target(f"HEAD, {c} clients: kvgw / FastAPI dict route rate",
                           paired_ratio(samples, (KVGW, "HEAD"), (FASTAPI, "HEAD"), 0, c, rate), 1.5, True))
@@ -703,9 +770,10 @@ def targets(samples: Sequence[Sample], rss: dict[str, Any] | None) -> list[Targe
                           150e-6, False, unit="s"))
         out.append(Target(f"{op} of {META_KEYS} keys, 1 client: p99", median_of(samples, KVGW, name, 0, 1, p99),
                           400e-6, False, unit="s"))
-    out.append(Target(f"{BATCH_GET}, 1 client: kvgw / raw socket stream throughput",
-                      paired_ratio(samples, (KVGW, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1, throughput),
-                      0.8, True))
+    for mine in (KVGW, KVGW_CLIENT):
+        out.append(Target(f"{BATCH_GET} warm, 1 client: {mine} / raw socket stream throughput",
+                          paired_ratio(samples, (mine, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1,
+                                       throughput), 0.9, True))
     peak = None if rss is None else float(rss["vm_hwm"] if rss["peak_reset"] else rss["rss_sampled_max"])
     out.append(Target(f"gateway peak RSS serving {RSS_CLIENTS} concurrent {RSS_CHUNK // MiB} MiB GETs", peak,
                       RSS_LIMIT_BYTES, False, unit="B"))
@@ -753,8 +821,10 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
         rows.clear()
 
     pairs = [("PUT", KVGW, RAW_WRITE), ("PUT", KVGW, PUT_SINK), ("PUT", KVGW_NOFSYNC, RAW_WRITE_NOFSYNC),
-             ("PUT", KVGW_NOFSYNC, PUT_SINK_NOFSYNC), ("GET", KVGW, NGINX),
-             ("GET", KVGW, VERIFIED_SENDER), ("GET", KVGW, RAW_READ)]
+             ("PUT", KVGW_NOFSYNC, PUT_SINK_NOFSYNC), ("PUT", KVGW_NOFSYNC, RECEIVE_SINK), ("GET", KVGW, NGINX),
+             ("GET", KVGW_SERVER_VERIFIED, NGINX), ("GET", KVGW, VERIFIED_SENDER),
+             ("GET", KVGW_SERVER_VERIFIED, VERIFIED_SENDER), ("GET", KVGW, RAW_READ)]
+    labels = {KVGW_NOFSYNC: " (no fsync)", KVGW_SERVER_VERIFIED: " (server-verified)"}
     for op, mine, base in pairs:
         for size in args.sizes:
             for c in args.clients:
@@ -764,31 +834,37 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 ratio = paired_ratio(samples, (mine, op), (base, op), size, c, throughput)
                 err = f" ({k.errors} errors!)" if k.errors else ""
                 berr = f" ({b.errors} errors!)" if b.errors else ""
-                row(f"| {op}{' (no fsync)' if mine == KVGW_NOFSYNC else ''} | {fmt_size(size)} | {c} "
+                row(f"| {op}{labels.get(mine, '')} | {fmt_size(size)} | {c} "
                     f"| {k.bytes_per_s / 1e6:.0f}{err} | {fmt_ms(k.p50)} / {fmt_ms(k.p99)} | {base} "
                     f"| {b.bytes_per_s / 1e6:.0f}{berr} | {fmt_ms(b.p50)} / {fmt_ms(b.p99)} | {fmt_ratio(ratio)} |")
     put_op = ("" if "put" not in args.ops else "; each PUT kept until the measurement ends" if args.keep_puts
               else "; each PUT followed by a DELETE of its chunk (raw loop: unlink), timed with it")
+    direct = "; kvgw with KVGW_FS_DIRECT_WRITES=true, the raw loop and the PUT sinks writing with O_DIRECT" if (
+        "put" in args.ops and args.direct_writes) else ""
+    get_op = ("; GET (kvgw) with x-kvgw-verify: xxh3 as kvgw's client sends it (files sent unverified), "
+              "GET (server-verified) without it" if "get" in args.ops else "")
     table(f"Throughput (MB/s = 10^6 B/s), medians of {args.rounds} interleaved rounds of {args.duration:g} s; "
-          f"ratio = median of per-round kvgw/baseline{put_op}", "op", "size", "clients", "kvgw MB/s",
+          f"ratio = median of per-round kvgw/baseline{put_op}{direct}{get_op}", "op", "size", "clients", "kvgw MB/s",
           "kvgw p50 / p99 ms", "baseline", "baseline MB/s", "baseline p50 / p99 ms", "kvgw / baseline")
-    for size in args.sizes:
-        for c in args.clients:
-            k, b = figures.get((KVGW, "GET", size, c)), figures.get((NGINX, "GET", size, c))
-            if k is None or b is None or k.cpu_per_gib is None or b.cpu_per_gib is None:
-                continue
-            ratio = paired_ratio(samples, (KVGW, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
-            ceiling = cpu_bound_ceiling(samples, (KVGW, "GET"), (NGINX, "GET"), size, c)
-            v = figures.get((VERIFIED_SENDER, "GET", size, c))
-            v_cpu = "-" if v is None or v.cpu_per_gib is None else f"{v.cpu_per_gib:.3f}"
-            floor = paired_ratio(samples, (VERIFIED_SENDER, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
-            over_floor = paired_ratio(samples, (KVGW, "GET"), (VERIFIED_SENDER, "GET"), size, c, cpu_per_gib)
-            row(f"| {fmt_size(size)} | {c} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} | {fmt_ratio(ratio)} "
-                f"| {fmt_ratio(ceiling)} | {v_cpu} | {fmt_ratio(floor)} | {fmt_ratio(over_floor)} |")
+    for mine in (KVGW, KVGW_SERVER_VERIFIED):
+        for size in args.sizes:
+            for c in args.clients:
+                k, b = figures.get((mine, "GET", size, c)), figures.get((NGINX, "GET", size, c))
+                if k is None or b is None or k.cpu_per_gib is None or b.cpu_per_gib is None:
+                    continue
+                ratio = paired_ratio(samples, (mine, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
+                ceiling = cpu_bound_ceiling(samples, (mine, "GET"), (NGINX, "GET"), size, c)
+                v = figures.get((VERIFIED_SENDER, "GET", size, c))
+                v_cpu = "-" if v is None or v.cpu_per_gib is None else f"{v.cpu_per_gib:.3f}"
+                floor = paired_ratio(samples, (VERIFIED_SENDER, "GET"), (NGINX, "GET"), size, c, cpu_per_gib)
+                over_floor = paired_ratio(samples, (mine, "GET"), (VERIFIED_SENDER, "GET"), size, c, cpu_per_gib)
+                row(f"| {mine} | {fmt_size(size)} | {c} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} "
+                    f"| {fmt_ratio(ratio)} | {fmt_ratio(ceiling)} | {v_cpu} | {fmt_ratio(floor)} "
+                    f"| {fmt_ratio(over_floor)} |")
     table("Server CPU per GiB served by GET (process utime+stime; nginx = master + workers); ceiling: the "
           "highest kvgw / nginx throughput when both saturate the cores, load generator's CPU included; "
           "verified sender: the floor of a server that verifies what it reads (maps, hashes, writes; one thread)",
-          "size", "clients", "kvgw CPU s/GiB", "nginx CPU s/GiB", "kvgw / nginx", "CPU-bound ceiling",
+          "kvgw as", "size", "clients", "kvgw CPU s/GiB", "nginx CPU s/GiB", "kvgw / nginx", "CPU-bound ceiling",
           "verified sender CPU s/GiB", "verified sender / nginx", "kvgw / verified sender")
     for mine, raw, sink, fsync in ((KVGW, RAW_WRITE, PUT_SINK, "on"),
                                    (KVGW_NOFSYNC, RAW_WRITE_NOFSYNC, PUT_SINK_NOFSYNC, "off")):
@@ -802,14 +878,19 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 f = figures.get((sink, "PUT", size, c))
                 f_cpu = "-" if f is None or f.cpu_per_gib is None else f"{f.cpu_per_gib:.3f}"
                 over_sink = paired_ratio(samples, (mine, "PUT"), (sink, "PUT"), size, c, cpu_per_gib)
+                r = figures.get((RECEIVE_SINK, "PUT", size, c)) if mine == KVGW_NOFSYNC else None
+                r_cpu = "-" if r is None or r.cpu_per_gib is None else f"{r.cpu_per_gib:.3f}"
+                over_r = (paired_ratio(samples, (mine, "PUT"), (RECEIVE_SINK, "PUT"), size, c, cpu_per_gib)
+                          if r is not None else None)
                 row(f"| {fmt_size(size)} | {c} | {fsync} | {k.cpu_per_gib:.3f} | {b.cpu_per_gib:.3f} "
-                    f"| {fmt_ratio(ratio)} | {fmt_ratio(ceiling)} | {f_cpu} | {fmt_ratio(over_sink)} |")
+                    f"| {fmt_ratio(ratio)} | {fmt_ratio(ceiling)} | {f_cpu} | {fmt_ratio(over_sink)} | {r_cpu} "
+                    f"| {fmt_ratio(over_r)} |")
     table("CPU per GiB written by PUT (kvgw: the server process; raw: this process's threads running the loop); "
           "ceiling: the highest kvgw / raw throughput when both saturate the cores, load generator's CPU included; "
           "PUT sink: the floor for an HTTP PUT server (a thread per connection receiving into a buffer and "
           "writing as the loop writes; its process)",
           "size", "clients", "fsync", "kvgw CPU s/GiB", "raw loop CPU s/GiB", "kvgw / raw", "CPU-bound ceiling",
-          "PUT sink CPU s/GiB", "kvgw / PUT sink")
+          "PUT sink CPU s/GiB", "kvgw / PUT sink", "receive-only sink CPU s/GiB", "kvgw / receive-only sink")
     for c in args.clients:
         for op in ("HEAD", f"exists {META_KEYS} keys", f"prefix {META_KEYS} keys"):
             k = figures.get((KVGW, op, 0, c))
@@ -828,8 +909,9 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
     kvgw_batch, stream = figures.get((KVGW, BATCH_GET, BATCH_PAYLOAD, 1)), figures.get((RAW_STREAM, BATCH_GET,
                                                                                          BATCH_PAYLOAD, 1))
     if kvgw_batch is not None and stream is not None:
-        verified = figures.get((VERIFIED_SENDER, BATCH_GET, BATCH_PAYLOAD, 1))
-        for name, f in ((KVGW, kvgw_batch), (RAW_STREAM, stream), (VERIFIED_SENDER, verified)):
+        batch_rows = {name: figures.get((name, BATCH_GET, BATCH_PAYLOAD, 1))
+                  for name in (KVGW_SERVER_VERIFIED, VERIFIED_SENDER, KVGW_CLIENT)}
+        for name, f in ((KVGW, kvgw_batch), (RAW_STREAM, stream), *batch_rows.items()):
             if f is None:
                 continue
             client = median_of(samples, name, BATCH_GET, BATCH_PAYLOAD, 1, client_cpu_per_gib)
@@ -838,11 +920,14 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
                 f"| {f.cpu_per_gib or float('nan'):.3f} | {client or float('nan'):.3f} |")
         table(f"{BATCH_GET} warm chunks in one call, beside a raw socket stream of as many bytes written from memory "
               "and the verified sender of the same chunks as files (one client reading each answer to its end "
-              "into one buffer; CPU: server process, client thread)",
+              "into one buffer; CPU: server process, client thread; kvgw: with x-kvgw-verify as kvgw's client "
+              "sends it; kvgw client: KvgwClient.batch_get_into, its client CPU not counted)",
               "target", "MB/s", "p50 / p99 ms", "server CPU s/GiB", "client CPU s/GiB")
-        for base in (RAW_STREAM, VERIFIED_SENDER):
-            ratio = paired_ratio(samples, (KVGW, BATCH_GET), (base, BATCH_GET), BATCH_PAYLOAD, 1, throughput)
-            add(f"kvgw / {base} throughput: {fmt_ratio(ratio)}")
+        for mine in (KVGW, KVGW_SERVER_VERIFIED, KVGW_CLIENT):
+            for base in (RAW_STREAM, VERIFIED_SENDER):
+                ratio = paired_ratio(samples, (mine, BATCH_GET), (base, BATCH_GET), BATCH_PAYLOAD, 1, throughput)
+                if ratio is not None:
+                    add(f"{mine} / {base} throughput: {fmt_ratio(ratio)}")
         floor = paired_ratio(samples, (VERIFIED_SENDER, BATCH_GET), (RAW_STREAM, BATCH_GET), BATCH_PAYLOAD, 1,
                              throughput)
         add(f"{VERIFIED_SENDER} / {RAW_STREAM} throughput: {fmt_ratio(floor)} (what verifying file bytes leaves "
@@ -900,6 +985,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the temp dir for kvgw, nginx's files and the raw baselines goes (the disk measured)")
     p.add_argument("--compare-no-fsync", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure PUT against a --no-fsync gateway and raw writes without fsync")
+    p.add_argument("--direct-writes", action="store_true",
+                   help="run kvgw with KVGW_FS_DIRECT_WRITES=true (chunk data written with O_DIRECT), the raw write "
+                        "loop and the PUT sinks writing the same way from page-aligned memory")
     p.add_argument("--keep-puts", action="store_true",
                    help="PUT cells keep what they store until the measurement ends, instead of deleting each "
                         "chunk right after its PUT (kvgw and the PUT sink: a DELETE request; the raw loop: "
@@ -943,10 +1031,11 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()
     procs: list[Any] = []
     try:
-        kvgw = kvgw_server(work / "kvgw").start()
+        env = DIRECT_WRITES if args.direct_writes else {}
+        kvgw = kvgw_server(work / "kvgw", env=env).start()
         procs.append(kvgw)
         with_nofsync = args.compare_no_fsync and "put" in args.ops
-        nofsync = kvgw_server(work / "kvgw-nofsync", fsync=False).start() if with_nofsync else None
+        nofsync = kvgw_server(work / "kvgw-nofsync", fsync=False, env=env).start() if with_nofsync else None
         if nofsync is not None:
             procs.append(nofsync)
         (work / "www").mkdir()
@@ -960,12 +1049,17 @@ def main(argv: list[str]) -> int:
         procs.append(responder)
         sinks: dict[bool, PutSink] = {}
         for fsync in ((True, False) if with_nofsync else (True,)) if "put" in args.ops else ():
-            sinks[fsync] = PutSink(work / "put-sink", work / f"put-sink-{'f' if fsync else 'n'}", fsync=fsync).start()
+            sinks[fsync] = PutSink(work / "put-sink", work / f"put-sink-{'f' if fsync else 'n'}", fsync=fsync,
+                                   direct=args.direct_writes).start()
             procs.append(sinks[fsync])
-        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder, sinks)
+        receive_sink = PutSink(work / "put-sink", None, fsync=False).start() if with_nofsync else None
+        if receive_sink is not None:
+            procs.append(receive_sink)
+        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder, sinks, receive_sink)
         print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "
               f"{', '.join(fmt_size(s) for s in args.sizes)}, clients {args.clients}, {args.rounds} rounds of "
-              f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}, ops {','.join(args.ops)}",
+              f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}, ops {','.join(args.ops)}"
+              f"{', direct writes' if args.direct_writes else ''}",
               flush=True)
         bench.preload(sorted({*args.sizes, RSS_CHUNK}) if "get" in args.ops else [])
         if "small" in args.ops:
@@ -995,8 +1089,9 @@ def main(argv: list[str]) -> int:
                 "started": started.isoformat(), "finished": finished.isoformat(),
                 "config": {"sizes": args.sizes, "clients": args.clients, "duration_s": args.duration,
                            "rounds": args.rounds, "objects": args.objects, "compare_no_fsync": args.compare_no_fsync,
-                           "ops": args.ops, "keep_puts": args.keep_puts},
+                           "ops": args.ops, "keep_puts": args.keep_puts, "direct_writes": args.direct_writes},
                 "environment": {"cores": os.cpu_count(), "loadavg_before": load_before,
+                                "commit": _commit(),
                                 "loadavg_after": os.getloadavg(), "python": platform.python_version(),
                                 "kernel": platform.release(), "nginx": nginx.version(),
                                 "filesystem": _fs_type(work), "work_dir": str(work)},
@@ -1022,6 +1117,17 @@ def main(argv: list[str]) -> int:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _commit() -> str:
+    """The source tree's commit (``git describe``), or ``?`` outside a checkout."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent, check=False).stdout.strip() or "?"
+    except OSError:
+        return "?"
 
 
 def _fs_type(path: Path) -> str:
