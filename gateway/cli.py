@@ -378,6 +378,7 @@ BENCHMARKS = {
     "dataplane": "gateway.bench.dataplane",  # issue 31: uvicorn+ASGI, an own httptools protocol, granian RSGI
     "etag": "gateway.bench.etag",  # what an MD5-mode bucket costs a PUT, against an xxh3 one
     "leases": "gateway.bench.leases",  # 64-key lookups with a read lease against the same without
+    "first-read": "gateway.bench.first_read",  # issue 31: what direct writes cost the first read of a fresh chunk
 }
 
 
