@@ -1,8 +1,8 @@
 """``kvgw bench leases``: what a read lease adds to a lookup (issue 31, item 5: at most 1.3x the same lookup).
 
 One gateway (one worker, PostgreSQL catalog in a schema of its own, cluster on, no fsync) holds
-sets of 64 chunks of 1 KiB. On one keep-alive connection, in ``--rounds`` alternating rounds of
-``--calls`` calls each, the same 64-key lookup (``prefix`` and/or ``exists``) is sent with
+sets of 64 chunks of 1 KiB. On one keep-alive connection, in ``--rounds`` rounds of ``--calls`` pairs
+(which call of a pair goes first alternates), the same 64-key lookup (``prefix`` and/or ``exists``) is sent with
 ``"lease_ms": 5000`` (what the engine integrations ask for) and without:
 
 - **fresh**: every call looks up a set of 64 chunks no call looked up before, so a leased call leases 64
@@ -14,7 +14,9 @@ Each configuration runs twice: with the lookup lane (the default: unleased looku
 the HTTP protocol; leased ones are handed to the ASGI path until the lane grants leases itself) and
 without it (``KVGW_LOOKUP_LANE=false``: both on the ASGI path, so the ratio is the lease's own cost).
 Reported per configuration: p50 of each side over all calls, the median over rounds of the per-round
-p50 ratio leased / plain, and server CPU per call (from ``/proc/<pid>/task/*/schedstat``, nanoseconds).
+p50 ratio leased / plain, and server CPU per call (from ``/proc/<pid>/task/*/schedstat``, nanoseconds,
+read around each call: what the background threads do meanwhile, such as a lease sync, lands on the
+call it overlaps).
 Compare within one run only (BENCHMARKS.md).
 """
 
@@ -60,51 +62,52 @@ def _fill(server: KvgwProcess, sets: int) -> None:
         raise RuntimeError(f"filling: {stats.errors} PUTs failed: {stats.error_samples[:3]}")
 
 
-def _calls(conn: HttpConnection, reqs: list[LoadRequest], pids: list[int]) -> tuple[list[float], float]:
-    """Latencies of ``reqs`` sent one after another, and the server CPU seconds they took."""
-    lat = []
-    cpu0 = procstat.task_cpu_seconds(pids)
-    for req in reqs:
-        t0 = time.perf_counter()
-        status, _ = conn.request(req)
-        lat.append(time.perf_counter() - t0)
-        if status != 200:
-            raise RuntimeError(f"{req.method} {req.target}: {status}")
-    return lat, procstat.task_cpu_seconds(pids) - cpu0
+def _call(conn: HttpConnection, req: LoadRequest) -> float:
+    t0 = time.perf_counter()
+    status, _ = conn.request(req)
+    took = time.perf_counter() - t0
+    if status != 200:
+        raise RuntimeError(f"{req.method} {req.target}: {status}")
+    return took
 
 
 def configuration(server: KvgwProcess, op: str, fresh: bool, rounds: int, calls: int,
                   next_set: list[int]) -> dict[str, Any]:
-    """Alternating rounds of leased and plain calls (see the module docstring)."""
+    """``rounds`` rounds of ``calls`` pairs, a leased call and a plain one in each pair, which goes first
+    alternating (see the module docstring). Server CPU is read around each round."""
     pids = server.pids()
     conn = HttpConnection(server.address)
     same = _set(0)
-    out: dict[str, Any] = {"leased": [], "plain": [], "cpu": {"leased": 0.0, "plain": 0.0}, "ratios": []}
+    out: dict[str, Any] = {"leased": [], "plain": [], "ratios": []}
     try:
         for lease_ms in (LEASE_MS, 0):  # warm the connection and both paths once
             conn.request(_lookup(op, same, lease_ms))
-        for r in range(rounds):
-            medians: dict[str, float] = {}
-            for side in (("leased", "plain") if r % 2 == 0 else ("plain", "leased")):
-                lease_ms = LEASE_MS if side == "leased" else 0
-                reqs = []
-                for _ in range(calls):
+        cpu_leased = cpu_plain = 0.0
+        for _ in range(rounds):
+            lat: dict[str, list[float]] = {"leased": [], "plain": []}
+            for i in range(calls):
+                for side in (("leased", "plain") if i % 2 == 0 else ("plain", "leased")):
                     keys = same
                     if fresh:
                         keys = _set(next_set[0])
                         next_set[0] += 1
-                    reqs.append(_lookup(op, keys, lease_ms))
-                lat, cpu = _calls(conn, reqs, pids)
-                out[side] += lat
-                out["cpu"][side] += cpu
-                medians[side] = statistics.median(lat)
-            out["ratios"].append(medians["leased"] / medians["plain"])
+                    req = _lookup(op, keys, LEASE_MS if side == "leased" else 0)
+                    cpu = procstat.task_cpu_seconds(pids)
+                    lat[side].append(_call(conn, req))
+                    spent = procstat.task_cpu_seconds(pids) - cpu
+                    if side == "leased":
+                        cpu_leased += spent
+                    else:
+                        cpu_plain += spent
+            out["leased"] += lat["leased"]
+            out["plain"] += lat["plain"]
+            out["ratios"].append(statistics.median(lat["leased"]) / statistics.median(lat["plain"]))
     finally:
         conn.close()
     n = rounds * calls
     return {"p50_ms": {side: 1000 * statistics.median(out[side]) for side in ("leased", "plain")},
             "p99_ms": {side: 1000 * sorted(out[side])[int(0.99 * (n - 1))] for side in ("leased", "plain")},
-            "cpu_us_per_call": {side: 1e6 * out["cpu"][side] / n for side in ("leased", "plain")},
+            "cpu_us_per_call": {"leased": 1e6 * cpu_leased / n, "plain": 1e6 * cpu_plain / n},
             "ratio_median": statistics.median(out["ratios"]), "ratio_range": [min(out["ratios"]), max(out["ratios"])],
             "calls": n}
 
@@ -137,7 +140,7 @@ def run(work: Path, pg_url: str, ops: list[str], rounds: int, calls: int, lanes:
 
 def report(results: dict[str, Any]) -> str:
     lines = [f"kvgw bench leases: 64-key lookups with a {results['lease_ms']} ms lease and without, one keep-alive "
-             f"connection, {results['rounds']} alternating rounds of {results['calls']} calls each "
+             f"connection, {results['rounds']} rounds of {results['calls']} alternating pairs "
              "(PostgreSQL catalog)"]
     for lane, rows in results["lanes"].items():
         lines.append("")
@@ -160,7 +163,7 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", default="prefix", help="lookups to measure (comma-separated: prefix, exists)")
     parser.add_argument("--rounds", type=int, default=10, help="alternating rounds per configuration")
-    parser.add_argument("--calls", type=int, default=20, help="calls per round and side")
+    parser.add_argument("--calls", type=int, default=20, help="pairs (a leased and a plain call) per round")
     parser.add_argument("--lanes", default="on,off", help="with the lookup lane (on), without (off), or both")
     parser.add_argument("--pg-url", default=os.environ.get("KVGW_TEST_PG_URL", DEFAULT_PG))
     parser.add_argument("--json", type=Path, help="also write the results as JSON")

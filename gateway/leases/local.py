@@ -55,6 +55,7 @@ QUOTA_RETRY_SECONDS = 0.1  # a lookup past a share the last rebalance could not 
 REFUSED_UNREACHABLE = "the lease table is unreachable; answered without a lease"
 REFUSED_OFF = "leases are off for this bucket (max_lease_ms = 0)"
 _EMPTY: frozenset[bytes] = frozenset()
+_NEVER = (0.0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,18 +110,18 @@ class QuotaAsk:
     demand: int
 
 
-_Pending = tuple[str, tuple[bytes, ...], Sequence[int], float, frozenset[bytes]]  # bucket, digests, sizes, until, gone
+_Pending = dict[str, dict[bytes, tuple[float, int]]]  # bucket -> {digest: (until, bytes)}
 
 
 @dataclass(slots=True)
 class Batch:
     """What one sync writes and reports (``LocalLeases.take``).
 
-    The grants are columns, in grant order, a digest possibly more than once (the latest end wins when
-    written): ``digests`` (16 bytes each, concatenated), ``sizes``, ``untils`` and ``bucket_of`` (1-based
-    into ``buckets``); built with list extends, so taking a batch costs about a microsecond per grant
-    call and writing it no per-digest Python (``gateway.leases.table``). Grants of digests in ``releases``
-    are not written."""
+    The grants are columns, one row per digest with its latest end: ``digests`` (16 bytes each,
+    concatenated), ``sizes``, ``untils`` and ``bucket_of`` (1-based into ``buckets``), taken from the
+    pending dicts from C (a lease extended a thousand times between syncs is one row), so neither taking
+    nor writing a batch runs Python per digest (``gateway.leases.table``). Grants of digests in
+    ``releases`` or that ended by ``now`` are not written."""
 
     seen: int  # lease_log position known when taken (-1: none yet: the sync reads the whole view)
     digests: bytes
@@ -133,7 +134,8 @@ class Batch:
     horizon_ms: int  # announced: quiet_at = synced_at + fresh_seconds + horizon
     quotas: dict[str, QuotaAsk]  # shares to rebalance
     sent: float  # monotonic time taken, before it is sent
-    raw_pending: list[_Pending] = field(default_factory=list)
+    now: float  # the clock when taken: grants that ended by then are not written
+    raw_pending: _Pending = field(default_factory=dict)
     raw_releases: list[bytes] = field(default_factory=list)
     raw_demand: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -144,7 +146,7 @@ class Batch:
         for i, size in enumerate(self.sizes):
             digest = self.digests[16 * i : 16 * i + 16]
             old = merged.get(digest)
-            if old is None or old[2] < self.untils[i]:
+            if self.untils[i] > self.now and (old is None or old[2] < self.untils[i]):
                 merged[digest] = (self.buckets[self.bucket_of[i] - 1], size, self.untils[i])
         for digest in self.releases:
             merged.pop(digest, None)
@@ -177,7 +179,7 @@ class LocalLeases:
         self._ticket = itertools.count()
         self._held: dict[str, dict[bytes, int]] = {}  # capped bucket -> its digests in _leased -> bytes
         self._used: dict[str, int] = {}  # capped bucket -> the bytes of _held[bucket]
-        self._pending: list[_Pending] = []
+        self._pending: _Pending = {}  # not written yet: the latest end per digest, and its bytes
         self._releases: list[bytes] = []
         self._claimed: dict[bytes, tuple[int, float]] = {}  # digest -> (REMOVING | REMOVED, expires_at)
         self._claim_order: deque[tuple[float, bytes]] = deque()  # (expires_at, digest) as learnt
@@ -265,7 +267,15 @@ class LocalLeases:
                 self._used[bucket] = self._used.get(bucket, 0) + new
             if until > self._latest:
                 self._latest = until
-            self._pending.append((bucket, keys, sizes, until, gone))
+            pending = self._pending.get(bucket)
+            if pending is None:
+                pending = self._pending[bucket] = {}
+            if fast:
+                pending.update(zip(keys, zip(repeat(until), sizes, strict=False), strict=True))
+            else:
+                for digest, size in zip(keys, sizes, strict=True):
+                    if not (gone and digest in gone) and pending.get(digest, _NEVER)[0] < until:
+                        pending[digest] = (until, size)
             heapq.heappush(self._expiry, (until, next(self._ticket), bucket, keys))
         return LeaseGrant(granted_ms=granted_ms, leased=count, leased_bytes=total, gone=gone, recheck=rechecked)
 
@@ -329,7 +339,7 @@ class LocalLeases:
         with self._lock:
             now = self.clock()
             self._expire(now)
-            pending, self._pending = self._pending, []
+            pending, self._pending = self._pending, {}
             releases, self._releases = self._releases, []
             demand, self._demand = self._demand, {}
             seen = self._known
@@ -346,29 +356,25 @@ class LocalLeases:
         sizes: list[int] = []
         untils: list[float] = []
         bucket_of: list[int] = []
-        numbers: dict[str, int] = {}
-        for bucket, digests, held, until, gone in pending:
-            if until <= now:
-                continue
-            if gone:
-                kept = [(digest, size) for digest, size in zip(digests, held, strict=True) if digest not in gone]
-                digests, held = tuple(digest for digest, _ in kept), [size for _, size in kept]
-            parts.append(b"".join(digests))
+        for number, grants in enumerate(pending.values(), start=1):  # from C
+            parts.append(b"".join(grants))
+            ends, held = zip(*grants.values(), strict=True) if grants else ((), ())
+            untils.extend(ends)
             sizes.extend(held)
-            untils.extend(repeat(until, len(digests)))
-            bucket_of.extend(repeat(numbers.setdefault(bucket, len(numbers) + 1), len(digests)))
+            bucket_of.extend(repeat(number, len(grants)))
         blob = b"".join(parts)
-        cancelled: set[bytes] = set()
-        if live:
-            granted = {blob[i : i + 16] for i in range(0, len(blob), 16)}
-            cancelled = granted.intersection(live)
-        return Batch(seen, blob, sizes, untils, bucket_of, list(numbers), live, cancelled, horizon, asks, mono,
+        cancelled = {digest for digest in live if any(digest in grants for grants in pending.values())}
+        return Batch(seen, blob, sizes, untils, bucket_of, list(pending), live, cancelled, horizon, asks, mono, now,
                      pending, releases, demand)
 
     def requeue(self, batch: Batch) -> None:
         """A sync failed: its grants, releases and demands go out with the next one."""
         with self._lock:
-            self._pending[:0] = batch.raw_pending
+            for bucket, grants in batch.raw_pending.items():
+                newer = self._pending.get(bucket)
+                if newer is not None:  # granted since: later ends
+                    grants.update(newer)
+                self._pending[bucket] = grants
             self._releases[:0] = batch.raw_releases
             for bucket, (extra, cap) in batch.raw_demand.items():
                 asked, _ = self._demand.get(bucket, (0, cap))
@@ -419,7 +425,7 @@ class LocalLeases:
     def report(self) -> dict[str, Any]:
         """For the admin stats."""
         mono = self.monotonic()
-        return {"leased_here": len(self._leased), "unwritten": sum(len(p[1]) for p in self._pending),
+        return {"leased_here": len(self._leased), "unwritten": sum(map(len, self._pending.values())),
                 "claims_known": len(self._claimed), "log_position": self._known, "horizon_ms": self.horizon_ms,
                 "synced_s_ago": None if self._synced is None else round(mono - self._synced, 3),
                 "quotas": {bucket: {"bytes": q.bytes, "used": self._used.get(bucket, 0), "full": q.full}

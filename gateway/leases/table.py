@@ -80,7 +80,7 @@ class LeaseTable:
             params = {
                 "digests": batch.digests, "sizes": batch.sizes, "untils": batch.untils, "bucket_of": batch.bucket_of,
                 "buckets": batch.buckets, "r_digest": batch.releases, "member": self.member, "seen": batch.seen,
-                "quiet": quiet_seconds, "known": batch.seen if batch.seen >= 0 else 2**62,
+                "quiet": quiet_seconds, "known": batch.seen if batch.seen >= 0 else 2**62, "now": batch.now,
             }
             with self._autocommit() as conn:
                 rows = conn.exec_driver_sql(_SYNC_POSTGRES, params).all()
@@ -319,12 +319,11 @@ _NOW = "extract(epoch from statement_timestamp())"
 _SYNC_POSTGRES = f"""
 WITH granted AS (
     INSERT INTO chunk_leases (digest, bucket, kind, bytes, expires_at)
-    SELECT DISTINCT ON (g.digest) g.digest, (%(buckets)b::text[])[g.b], {READ}, g.bytes, g.until
+    SELECT g.digest, (%(buckets)b::text[])[g.b], {READ}, g.bytes, g.until
     FROM (SELECT substring(%(digests)b::bytea FROM (u.i::int - 1) * 16 + 1 FOR 16) AS digest, u.bytes, u.until, u.b
           FROM unnest(%(sizes)b::int8[], %(untils)b::float8[], %(bucket_of)b::int4[])
                WITH ORDINALITY AS u(bytes, until, b, i)) AS g
-    WHERE g.digest <> ALL(%(r_digest)b::bytea[])
-    ORDER BY g.digest, g.until DESC
+    WHERE g.until > %(now)s AND g.digest <> ALL(%(r_digest)b::bytea[])
     ON CONFLICT (digest) DO UPDATE
         SET kind = {READ}, bucket = excluded.bucket, bytes = excluded.bytes,
             expires_at = CASE WHEN chunk_leases.kind = {READ}
