@@ -350,6 +350,50 @@ class ChunkService:
             start += 1
         return start
 
+    def exists_leased_now(self, bucket: BucketPolicy, keys: Sequence[str],
+                          lease_ms: int) -> tuple[list[bool], LeaseGrant] | None:
+        """``exists_now`` and ``lease_now`` of its hits in one index pass: what exists answers (the
+        chunks being removed answered absent) and the grant; None when only the async calls can tell."""
+        if self._leases is None:
+            return None
+        digests = self._digests(bucket, keys)
+        sizes = self._index.live_sizes(digests, self._clock())
+        found = [size >= 0 for size in sizes]
+        if all(found):
+            hits, held = digests, sizes
+        else:
+            if not self._absent_now([digest for digest, hit in zip(digests, found, strict=True) if not hit]):
+                return None
+            hits = [digest for digest, hit in zip(digests, found, strict=True) if hit]
+            held = [size for size in sizes if size >= 0]
+        grant = self._leases.grant_now(bucket.name, hits, held, lease_ms, max_lease_ms=bucket.max_lease_ms,
+                                       cap_bytes=bucket.leased_bytes_cap())
+        if grant is None:
+            return None
+        if grant.gone:
+            found = [hit and digest not in grant.gone for digest, hit in zip(digests, found, strict=True)]
+        return found, grant
+
+    def prefix_leased_now(self, bucket: BucketPolicy, keys: Sequence[str],
+                          lease_ms: int) -> tuple[int, LeaseGrant] | None:
+        """``prefix_now`` and ``lease_now`` of the run it found in one index pass (a run stops at a chunk
+        being removed too); None when only the async calls can tell."""
+        if self._leases is None:
+            return None
+        digests = self._digests(bucket, keys)
+        sizes = self._index.live_sizes(digests, self._clock())
+        length = next((i for i, size in enumerate(sizes) if size < 0), len(sizes))
+        if length < len(keys) and not self._absent_now(digests[length : length + 1]):
+            return None
+        grant = self._leases.grant_now(bucket.name, digests[:length], sizes[:length], lease_ms,
+                                       max_lease_ms=bucket.max_lease_ms, cap_bytes=bucket.leased_bytes_cap())
+        if grant is None:
+            return None
+        asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
+        if grant.gone:
+            length = next(i for i, digest in enumerate(digests) if digest in grant.gone)
+        return length, grant
+
     def lease_now(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]] | None:
         """``lease`` without waiting (a plain call the lookup path makes inline): None when only
         ``lease`` can answer (``LeaseBook.grant_now``: the process's first lease, one longer than it

@@ -354,6 +354,13 @@ class NativeAPI:
     async def _exists(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
+        leased = self.service.exists_leased_now(bucket, keys, lease_ms) if lease_ms else None
+        if leased is not None:  # one index pass, the lease granted in memory
+            found, grant = leased
+            hits = sum(found)
+            self._lookups("exists", hits, len(found) - hits)
+            await self._send_json(req, send, {"exists": found, "lease": grant.doc()})
+            return
         found = await self.service.exists(bucket, keys)
         answer: dict[str, Any] = {}
         if lease_ms:
@@ -368,6 +375,12 @@ class NativeAPI:
     async def _prefix(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
+        leased = self.service.prefix_leased_now(bucket, keys, lease_ms) if lease_ms else None
+        if leased is not None:  # one index pass, the lease granted in memory
+            length, grant = leased
+            self._lookups("prefix", length, int(length < len(keys)))
+            await self._send_json(req, send, {"length": length, "lease": grant.doc()})
+            return
         length = await self.service.prefix(bucket, keys)
         answer: dict[str, Any] = {}
         if lease_ms:
