@@ -19,10 +19,12 @@ What may be granted depends on what this process learnt at its last sync, which 
 - **freshness**: no grant unless the last successful sync was *sent* less than ``fresh_seconds`` ago
   (the catalog then dates it ``synced_at`` no earlier); every grant this process has not yet written
   therefore began before ``synced_at + fresh_seconds`` and lasts at most ``horizon_ms``, the horizon that
-  sync announced. The catalog records the sum as ``quiet_at``, after which the leader may ignore this
-  process if it falls silent (killed, cut off): all its unwritten leases have ended by then.
+  sync announced (10 s, a bucket's default ``max_lease_ms``; a longer lease waits for a sync announcing
+  it, and the horizon comes back down ``HORIZON_KEEP_SECONDS`` after the last such request). The
+  catalog records the sum as ``quiet_at``, after which the leader may ignore this process if it falls
+  silent (killed, cut off): all its unwritten leases have ended by then.
 - **quotas** (``_quotas``): in a bucket with a leased-bytes cap, the bytes this process may hold leased,
-  its share of the cap granted by a sync (``LeaseTable.rebalance``; the shares of live processes never
+  its share of the cap granted by a sync (``LeaseTable._rebalance_in``; the shares of live processes never
   add up past the cap).
 
 ``grant`` answers a ``LeaseGrant``, or a ``Wait`` when it can only answer after a sync (none yet, a
@@ -49,6 +51,7 @@ from typing import Any
 READ, REMOVING, REMOVED, RELEASED = 0, 1, 2, 3  # chunk_leases.kind / lease_log.state
 FRESH_SECONDS = 2.0  # no grant unless the last successful sync was sent less than this long ago
 DEFAULT_HORIZON_MS = 10_000  # the longest lease granted without a sync first (a bucket's default max)
+HORIZON_KEEP_SECONDS = 60.0  # a horizon raised for a long lease is announced this long after the last one
 QUOTA_SECONDS = 1.0  # how often a process's shares of the caps are rebalanced while it holds any
 QUOTA_RETRY_SECONDS = 0.1  # a lookup past a share the last rebalance could not grow is refused at once
 
@@ -186,7 +189,9 @@ class LocalLeases:
         self._known = -1  # the lease_log position applied; -1: never synced
         self._synced: float | None = None  # monotonic time the last successful sync was taken
         self.horizon_ms = horizon_ms  # announced by the last successful sync
+        self._default_horizon_ms = horizon_ms
         self._horizon_wanted = horizon_ms
+        self._long_at = 0.0  # monotonic time a lease longer than the default horizon was last asked for
         self._quotas: dict[str, Quota] = {}
         self._demand: dict[str, tuple[int, int]] = {}  # bucket -> (bytes wanted beyond the share, cap)
         self._caps: dict[str, int] = {}  # bucket -> its cap as the last grant saw it
@@ -205,8 +210,10 @@ class LocalLeases:
             return Wait("no sync yet")
         if self.monotonic() - synced > self.fresh_seconds:
             return LeaseGrant(refused=REFUSED_UNREACHABLE)
-        if granted_ms > self.horizon_ms:
-            return Wait("a lease past the announced horizon", horizon_ms=granted_ms)
+        if granted_ms > self._default_horizon_ms:
+            self._long_at = self.monotonic()
+            if granted_ms > self.horizon_ms:
+                return Wait("a lease past the announced horizon", horizon_ms=granted_ms)
         now = self.clock()
         until = now + granted_ms / 1000
         keys = tuple(digests)
@@ -343,6 +350,8 @@ class LocalLeases:
             releases, self._releases = self._releases, []
             demand, self._demand = self._demand, {}
             seen = self._known
+            if self._horizon_wanted > self._default_horizon_ms and mono - self._long_at > HORIZON_KEEP_SECONDS:
+                self._horizon_wanted = self._default_horizon_ms  # no long lease asked for lately: back down
             horizon = self._horizon_wanted
             live = [digest for digest in releases if digest not in self._leased]  # not leased again since
             asks: dict[str, QuotaAsk] = {}

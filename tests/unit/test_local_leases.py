@@ -6,6 +6,7 @@ that claim's number)."""
 from __future__ import annotations
 
 from gateway.leases.local import (
+    HORIZON_KEEP_SECONDS,
     QUOTA_RETRY_SECONDS,
     REFUSED_UNREACHABLE,
     RELEASED,
@@ -78,6 +79,9 @@ def test_a_lease_longer_than_the_announced_horizon_waits_for_a_sync_announcing_i
     assert batch.horizon_ms == 60_000  # the catalog's quiet_at then covers it
     leases.apply(batch, SyncResult(0, [], None, set(), {}))
     assert isinstance(grant(leases, A, ms=60_000), LeaseGrant)
+    clocks.mono += HORIZON_KEEP_SECONDS + 1  # no long lease asked for since: the next sync announces 10 s
+    synced(leases)
+    assert leases.horizon_ms == 10_000 and isinstance(grant(leases, A, ms=60_000), Wait)
 
 
 def test_a_grant_made_before_a_claim_was_known_goes_out_with_a_seen_at_least_that_claim() -> None:
