@@ -783,7 +783,7 @@ class ChunkService:
                     if body is not None:
                         self._events.read(info.bucket, digest, source, now)
                         if self._leases is not None:
-                            self._leases.loaded(info.bucket, (digest,))
+                            self._leases.loaded(info.bucket, ((digest, info.size),))
                         return body
                     info = replace(info, tiers=info.tiers & ~bit)
                 if attempt == 0 and (fresh := await self._moved_elsewhere(digest, info, indexed_tiers)):

@@ -222,10 +222,10 @@ class LeaseBook:
         see the lifecycle). Loads through another gateway see the TTL only."""
         return self.local.leased_here(digest, now)
 
-    def loaded(self, bucket: str, digests: Sequence[bytes]) -> None:
-        """Chunks of ``bucket`` were read through this process: a lease it granted on them ends (written
-        by the next sync). Event loop; a dict lookup per digest while leases are held."""
-        self.local.loaded(bucket, digests)
+    def loaded(self, bucket: str, chunks: Sequence[tuple[bytes, int]]) -> None:
+        """Chunks (digest, size) of ``bucket`` were read through this process: a lease it granted on them
+        ends (written by the next sync). Event loop; a dict lookup per digest while leases are held."""
+        self.local.loaded(bucket, chunks)
 
     async def leased_bytes(self, bucket: str) -> int:
         """Bytes under unexpired read leases in ``bucket``, after a sync (admin stats, tests)."""

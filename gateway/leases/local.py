@@ -1,11 +1,11 @@
 """The read leases one gateway process grants, held in its memory: granted at once, written later.
 
-A lookup's lease is granted here, inline, without waiting for anything (``LocalLeases.grant``: dict
-updates done from C in the common case, 3-16 µs for 64 chunks), and recorded three ways: in ``_leased``
-(what this process holds: a load through it ends the lease, TTL reclaim serves it), in a capped
-bucket's ``_held`` and ``_used`` bytes (its share of the leased-bytes cap), and in ``_pending``, which the
-lease syncer (``gateway.leases.book``) takes and writes to the catalog's ``chunk_leases`` table in the
-background (``gateway.leases.table``).
+A lookup's lease is granted here, inline, without waiting for anything (``LocalLeases.grant``: one dict
+update from C in the common case), and recorded three ways: in ``_leased`` (what this process holds: a
+load through it ends the lease, TTL reclaim serves it), in a capped bucket's ``_used`` bytes (its share
+of the leased-bytes cap), and in ``_pending`` (one entry per grant call), which the lease syncer
+(``gateway.leases.book``) takes, merges in its own thread and writes to the catalog's ``chunk_leases``
+table in the background (``gateway.leases.table``). The heap ``_expiry`` forgets leases as they end.
 
 What may be granted depends on what this process learnt at its last sync, which this module keeps:
 
@@ -113,7 +113,8 @@ class QuotaAsk:
     demand: int
 
 
-_Pending = dict[str, dict[bytes, tuple[float, int]]]  # bucket -> {digest: (until, bytes)}
+# one entry per grant call: bucket, digests, sizes, until, the digests left out (being removed)
+_Pending = list[tuple[str, tuple[bytes, ...], Sequence[int], float, frozenset[bytes]]]
 
 
 @dataclass(slots=True)
@@ -138,7 +139,7 @@ class Batch:
     quotas: dict[str, QuotaAsk]  # shares to rebalance
     sent: float  # monotonic time taken, before it is sent
     now: float  # the clock when taken: grants that ended by then are not written
-    raw_pending: _Pending = field(default_factory=dict)
+    raw_pending: _Pending = field(default_factory=list)
     raw_releases: list[bytes] = field(default_factory=list)
     raw_demand: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -178,11 +179,11 @@ class LocalLeases:
         self._lock = threading.Lock()
         self._leased: dict[bytes, float] = {}  # digest -> until
         self._latest = 0.0  # the latest end of a lease granted here
-        self._expiry: list[tuple[float, int, str, tuple[bytes, ...]]] = []  # heap: (until, ticket, bucket, digests)
+        # heap: (until, ticket, bucket, digests, sizes, counted in the bucket's share)
+        self._expiry: list[tuple[float, int, str, tuple[bytes, ...], Sequence[int], bool]] = []
         self._ticket = itertools.count()
-        self._held: dict[str, dict[bytes, int]] = {}  # capped bucket -> its digests in _leased -> bytes
-        self._used: dict[str, int] = {}  # capped bucket -> the bytes of _held[bucket]
-        self._pending: _Pending = {}  # not written yet: the latest end per digest, and its bytes
+        self._used: dict[str, int] = {}  # capped bucket -> bytes of the chunks leased here (its share's use)
+        self._pending: _Pending = []  # grants not written yet, one entry per grant call
         self._releases: list[bytes] = []
         self._claimed: dict[bytes, tuple[int, float]] = {}  # digest -> (REMOVING | REMOVED, expires_at)
         self._claim_order: deque[tuple[float, bytes]] = deque()  # (expires_at, digest) as learnt
@@ -234,19 +235,17 @@ class LocalLeases:
                 gone, rechecked = frozenset(removing), frozenset(removed)
             leased = self._leased
             fast = not gone and until >= self._latest  # no lease held here ends later: overwrite from C
-            held: dict[bytes, int] | None = None
-            by_digest: dict[bytes, int] | None = None
             new = 0
-            if cap is not None:
-                held = self._held.setdefault(bucket, {})
+            if cap is not None:  # the bytes of chunks not leased here yet count against this process's share
                 if fast:
-                    missing = set(filterfalse(held.__contains__, keys))
-                    if missing:
-                        by_digest = dict(zip(keys, sizes, strict=True))
-                        new = sum(map(by_digest.__getitem__, missing))
+                    missing = set(filterfalse(leased.__contains__, keys))
+                    if len(missing) == len(keys):
+                        new = sum(sizes)
+                    elif missing:
+                        new = sum(map(dict(zip(keys, sizes, strict=True)).__getitem__, missing))
                 else:
                     new = sum(size for digest, size in zip(keys, sizes, strict=True)
-                              if digest not in held and digest not in gone)
+                              if digest not in leased and digest not in gone)
                 used = self._used.get(bucket, 0)
                 quota = self._quotas.get(bucket)
                 self._caps[bucket] = cap
@@ -254,10 +253,10 @@ class LocalLeases:
                     if quota is not None and quota.full and self.monotonic() - quota.at < QUOTA_RETRY_SECONDS:
                         return LeaseGrant(refused=_over_cap(used, new, quota.bytes, cap))
                     return Wait("past this process's share of the cap", bucket=bucket, demand=new, cap=cap)
+                if new:
+                    self._used[bucket] = used + new
             if fast:
                 leased.update(zip(keys, repeat(until)))
-                if by_digest is not None and held is not None:
-                    held.update(by_digest)
                 count, total = len(keys), sum(sizes)
             else:
                 count = total = 0
@@ -266,24 +265,12 @@ class LocalLeases:
                         continue
                     if leased.get(digest, 0.0) < until:
                         leased[digest] = until
-                    if held is not None and digest not in held:
-                        held[digest] = size
                     count += 1
                     total += size
-            if new:
-                self._used[bucket] = self._used.get(bucket, 0) + new
             if until > self._latest:
                 self._latest = until
-            pending = self._pending.get(bucket)
-            if pending is None:
-                pending = self._pending[bucket] = {}
-            if fast:
-                pending.update(zip(keys, zip(repeat(until), sizes, strict=False), strict=True))
-            else:
-                for digest, size in zip(keys, sizes, strict=True):
-                    if not (gone and digest in gone) and pending.get(digest, _NEVER)[0] < until:
-                        pending[digest] = (until, size)
-            heapq.heappush(self._expiry, (until, next(self._ticket), bucket, keys))
+            self._pending.append((bucket, keys, sizes, until, gone))
+            heapq.heappush(self._expiry, (until, next(self._ticket), bucket, keys, sizes, cap is not None))
         return LeaseGrant(granted_ms=granted_ms, leased=count, leased_bytes=total, gone=gone, recheck=rechecked)
 
     def leased_here(self, digest: bytes, now: float) -> bool:
@@ -291,18 +278,18 @@ class LocalLeases:
         until = self._leased.get(digest)
         return until is not None and until > now
 
-    def loaded(self, bucket: str, digests: Sequence[bytes]) -> None:
-        """Chunks of ``bucket`` were read through this process: the leases it granted on them end
-        (written by the next sync). Costs a dict lookup per digest while leases are held."""
+    def loaded(self, bucket: str, chunks: Sequence[tuple[bytes, int]]) -> None:
+        """Chunks (digest, size) of ``bucket`` were read through this process: the leases it granted on
+        them end (written by the next sync). Costs a dict lookup per digest while leases are held."""
         if not self._leased:
             return
         with self._lock:
-            held = self._held.get(bucket)
-            for digest in digests:
+            capped = bucket in self._caps
+            for digest, size in chunks:
                 if self._leased.pop(digest, None) is not None:
                     self._releases.append(digest)
-                    if held is not None and (size := held.pop(digest, None)) is not None:
-                        self._used[bucket] -= size
+                    if capped:
+                        self._used[bucket] = max(0, self._used.get(bucket, 0) - size)
 
     def held(self) -> bool:
         """Whether there is anything to write."""
@@ -326,16 +313,19 @@ class LocalLeases:
         return LeaseGrant(refused=REFUSED_UNREACHABLE)
 
     def _expire(self, now: float) -> None:
+        """Forget the leases that ended by ``now``: each grant's heap entry, when its end comes, drops
+        the digests no later grant extended (and their bytes from the share they were counted in)."""
         heap, leased = self._expiry, self._leased
         while heap and heap[0][0] <= now:
-            _, _, bucket, digests = heapq.heappop(heap)
-            held = self._held.get(bucket)
-            for digest in digests:
+            _, _, bucket, digests, sizes, capped = heapq.heappop(heap)
+            freed = 0
+            for digest, size in zip(digests, sizes, strict=True):
                 until = leased.get(digest)
                 if until is not None and until <= now:
                     del leased[digest]
-                    if held is not None and (size := held.pop(digest, None)) is not None:
-                        self._used[bucket] -= size
+                    freed += size
+            if capped and freed:
+                self._used[bucket] = max(0, self._used.get(bucket, 0) - freed)
 
     # -- the syncer's side (its thread) ----------------------------------------------------------
 
@@ -346,7 +336,7 @@ class LocalLeases:
         with self._lock:
             now = self.clock()
             self._expire(now)
-            pending, self._pending = self._pending, {}
+            pending, self._pending = self._pending, []
             releases, self._releases = self._releases, []
             demand, self._demand = self._demand, {}
             seen = self._known
@@ -361,29 +351,38 @@ class LocalLeases:
                     asks[bucket] = QuotaAsk(cap, self._used.get(bucket, 0), extra)
             for bucket, (extra, cap) in demand.items():
                 asks.setdefault(bucket, QuotaAsk(cap, self._used.get(bucket, 0), extra))
+        merged: dict[str, dict[bytes, tuple[float, int]]] = {}  # bucket -> digest -> (latest end, bytes)
+        latest: dict[str, float] = {}
+        for bucket, digests, held, until, gone in pending:
+            if until <= now:
+                continue
+            grants = merged.setdefault(bucket, {})
+            if not gone and until >= latest.get(bucket, 0.0):  # the common case, from C
+                grants.update(zip(digests, zip(repeat(until), held, strict=False), strict=True))
+                latest[bucket] = until
+                continue
+            for digest, size in zip(digests, held, strict=True):
+                if not (gone and digest in gone) and grants.get(digest, _NEVER)[0] < until:
+                    grants[digest] = (until, size)
         parts: list[bytes] = []
         sizes: list[int] = []
         untils: list[float] = []
         bucket_of: list[int] = []
-        for number, grants in enumerate(pending.values(), start=1):  # from C
+        for number, grants in enumerate(merged.values(), start=1):  # from C
             parts.append(b"".join(grants))
-            ends, held = zip(*grants.values(), strict=True) if grants else ((), ())
+            ends, held_bytes = zip(*grants.values(), strict=True) if grants else ((), ())
             untils.extend(ends)
-            sizes.extend(held)
+            sizes.extend(held_bytes)
             bucket_of.extend(repeat(number, len(grants)))
         blob = b"".join(parts)
-        cancelled = {digest for digest in live if any(digest in grants for grants in pending.values())}
-        return Batch(seen, blob, sizes, untils, bucket_of, list(pending), live, cancelled, horizon, asks, mono, now,
+        cancelled = {digest for digest in live if any(digest in grants for grants in merged.values())}
+        return Batch(seen, blob, sizes, untils, bucket_of, list(merged), live, cancelled, horizon, asks, mono, now,
                      pending, releases, demand)
 
     def requeue(self, batch: Batch) -> None:
         """A sync failed: its grants, releases and demands go out with the next one."""
         with self._lock:
-            for bucket, grants in batch.raw_pending.items():
-                newer = self._pending.get(bucket)
-                if newer is not None:  # granted since: later ends
-                    grants.update(newer)
-                self._pending[bucket] = grants
+            self._pending[:0] = batch.raw_pending
             self._releases[:0] = batch.raw_releases
             for bucket, (extra, cap) in batch.raw_demand.items():
                 asked, _ = self._demand.get(bucket, (0, cap))
@@ -434,7 +433,7 @@ class LocalLeases:
     def report(self) -> dict[str, Any]:
         """For the admin stats."""
         mono = self.monotonic()
-        return {"leased_here": len(self._leased), "unwritten": sum(map(len, self._pending.values())),
+        return {"leased_here": len(self._leased), "unwritten_grants": len(self._pending),
                 "claims_known": len(self._claimed), "log_position": self._known, "horizon_ms": self.horizon_ms,
                 "synced_s_ago": None if self._synced is None else round(mono - self._synced, 3),
                 "quotas": {bucket: {"bytes": q.bytes, "used": self._used.get(bucket, 0), "full": q.full}

@@ -145,7 +145,7 @@ def test_expired_and_loaded_leases_free_the_share_and_a_load_ends_the_lease_in_t
     batch = leases.take()
     leases.apply(batch, SyncResult(0, [], None, set(), {"bkt": 200}))
     assert isinstance(grant(leases, A, B, cap=200), LeaseGrant)
-    leases.loaded("bkt", [A])  # loaded before the grant was written: it is cancelled, not written
+    leases.loaded("bkt", [(A, 100)])  # loaded before the grant was written: it is cancelled, not written
     batch = leases.take()
     assert set(batch.grants) == {B} and batch.cancelled == {A}
     assert isinstance(grant(leases, C, cap=200), LeaseGrant)  # A's bytes are free again
@@ -158,7 +158,7 @@ def test_a_failed_sync_sends_its_grants_and_releases_again() -> None:
     leases = book(clocks)
     synced(leases)
     grant(leases, A, B)
-    leases.loaded("bkt", [B])
+    leases.loaded("bkt", [(B, 100)])
     failed = leases.take()
     leases.requeue(failed)
     again = leases.take()
