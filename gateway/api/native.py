@@ -78,7 +78,7 @@ from gateway.errors import (
     NotFound,
     PreconditionFailed,
 )
-from gateway.leases import MAX_LEASE_MS
+from gateway.leases import MAX_LEASE_MS, LeaseGrant
 from gateway.service import ChunkService
 from kvgw_client import wire
 from kvgw_client.keys import InvalidKeyError, is_valid_bucket_name, validate_key
@@ -355,49 +355,60 @@ class NativeAPI:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
         found = await self.service.exists(bucket, keys)
-        answer: dict[str, Any] = {}
-        if lease_ms:
-            grant, absent = await self.service.lease(bucket, [k for k, hit in zip(keys, found, strict=True) if hit],
-                                                     lease_ms)
-            found = [hit and key not in absent for key, hit in zip(keys, found, strict=True)]
-            answer["lease"] = grant.doc()
-        hits = sum(found)
-        self._lookups("exists", hits, len(found) - hits)
-        await self._send_json(req, send, {"exists": found, **answer})
+        leased = await self.service.lease(bucket, _hits(keys, found), lease_ms) if lease_ms else None
+        await self._send_json(req, send, self._exists_answer(keys, found, leased))
 
     async def _prefix(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
         length = await self.service.prefix(bucket, keys)
+        leased = await self.service.lease(bucket, keys[:length], lease_ms) if lease_ms else None
+        await self._send_json(req, send, self._prefix_answer(keys, length, leased))
+
+    def _exists_answer(self, keys: list[str], found: list[bool], leased: Leased | None) -> dict[str, Any]:
+        """``exists``'s answer (counted): a chunk a lease found removed a moment ago is absent."""
         answer: dict[str, Any] = {}
-        if lease_ms:
-            grant, absent = await self.service.lease(bucket, keys[:length], lease_ms)
+        if leased is not None:
+            grant, absent = leased
+            found = [hit and key not in absent for key, hit in zip(keys, found, strict=True)]
+            answer["lease"] = grant.doc()
+        hits = sum(found)
+        self._lookups("exists", hits, len(found) - hits)
+        return {"exists": found, **answer}
+
+    def _prefix_answer(self, keys: list[str], length: int, leased: Leased | None) -> dict[str, Any]:
+        """``prefix``'s answer (counted): the run ends at a chunk a lease found removed a moment ago."""
+        answer: dict[str, Any] = {}
+        if leased is not None:
+            grant, absent = leased
             length = next((i for i, key in enumerate(keys[:length]) if key in absent), length)
             answer["lease"] = grant.doc()
         self._lookups("prefix", length, int(length < len(keys)))  # the run stops at its first miss
-        await self._send_json(req, send, {"length": length, **answer})
+        return {"length": length, **answer}
 
     def _lookup_indexed(self, op: str, request_id: str, authorization: str | None, bucket_name: str, _: str,
                         body: bytes) -> IndexedAnswer | None:
-        """``exists`` or ``prefix`` (``op``) without waiting: what ``_exists`` / ``_prefix`` answer."""
+        """``exists`` or ``prefix`` (``op``) without waiting: what ``_exists`` / ``_prefix`` answer, read
+        leases included (granted in memory, ``ChunkService.lease_now``; None when only the awaited
+        grant can answer: the request then takes the ASGI path)."""
         bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
-        keys, lease_ms = _lookup_doc(body)
-        if bucket is None or lease_ms:
+        if bucket is None:
             return None
-        doc: dict[str, Any]
+        keys, lease_ms = _lookup_doc(body)
+        leased: Leased | None = None
         if op == "exists":
             found = self.service.exists_now(bucket, keys)
             if found is None:
                 return None
-            hits = sum(found)
-            misses, doc = len(found) - hits, {"exists": found}
-        else:
-            length = self.service.prefix_now(bucket, keys)
-            if length is None:
+            if lease_ms and (leased := self.service.lease_now(bucket, _hits(keys, found), lease_ms)) is None:
                 return None
-            hits, misses, doc = length, int(length < len(keys)), {"length": length}  # stops at its first miss
-        self._lookups(op, hits, misses)
-        return _json_answer(op, request_id, doc)
+            return _json_answer(op, request_id, self._exists_answer(keys, found, leased))
+        length = self.service.prefix_now(bucket, keys)
+        if length is None:
+            return None
+        if lease_ms and (leased := self.service.lease_now(bucket, keys[:length], lease_ms)) is None:
+            return None
+        return _json_answer(op, request_id, self._prefix_answer(keys, length, leased))
 
     async def _prefetch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Stage S3-held chunks into the filesystem tier ahead of reads; answers at once."""
@@ -540,6 +551,14 @@ def _route(method: str, raw_path: str, chunk_handlers: dict[str, H], post_handle
     if method != "POST":
         raise MethodNotAllowed()
     return post, bucket, ""
+
+
+Leased = tuple[LeaseGrant, set[str]]
+"""A lookup's lease: the grant, and the keys it found removed a moment ago (answered absent)."""
+
+
+def _hits(keys: list[str], found: list[bool]) -> list[str]:
+    return [key for key, hit in zip(keys, found, strict=True) if hit]
 
 
 def _reader_verifies(req: Request) -> bool:
