@@ -167,7 +167,8 @@ def run_worker(settings: Settings, app: Any, sock: socket.socket) -> None:
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=protocol_class(limits, app.lane),  # httptools, one write per small answer, guards, lookup lane
+        # httptools, one write per small answer, guards, lookup lane
+        http=protocol_class(limits, app.lane, settings.access_log),
         lifespan="on",
         log_level=settings.log_level,
         log_config=None,  # uvicorn's loggers go through the handler gateway.logs set up

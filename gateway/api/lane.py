@@ -25,8 +25,10 @@ Requests the lane leaves to uvicorn from their head on: anything but HTTP/1.1 ke
 a target that is not a plain path (absolute form, a query string, a fragment); a body without
 ``Content-Length`` or larger than ``LANE_BODY_LIMIT`` (uvicorn's own read-ahead limit, so a connection
 holds no more than before); a request behind one still being answered (pipelined) or on a connection
-whose writes are paused (the ASGI path waits for the client to read); every request when uvicorn's
-access log is on (it logs from its request cycle).
+whose writes are paused (the ASGI path waits for the client to read); every request when kvgw's
+access log is on (``KVGW_ACCESS_LOG``: uvicorn logs from its request cycle). That decision is kvgw's
+setting alone: uvicorn guesses it from whether any log handler exists, so a handler installed by
+someone else (pytest, an embedding application) would otherwise turn the lane off.
 
 The header deadline (``gateway.api.connections``) covers a lane request until its body is complete.
 Everything here runs on the event loop.
@@ -98,9 +100,11 @@ class LaneHttpProtocol(IntakeHttpProtocol):
     (``gateway.api.intake``) and the lookup lane."""
 
     lane: ClassVar[LookupLane | None] = None
+    kvgw_access_log: ClassVar[bool] = False  # kvgw's setting; uvicorn's own flag is overridden with it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.access_log = self.kvgw_access_log
         self._lane_body: list[bytes] | None = None  # a lane request is being received
         self._lane_started = 0.0
 
@@ -116,7 +120,7 @@ class LaneHttpProtocol(IntakeHttpProtocol):
 
     def _lane_takes(self) -> bool:
         lane = self.lane
-        if (lane is None or self.access_log or self.pipeline or self.flow.write_paused or self.expect_100_continue
+        if (lane is None or self.kvgw_access_log or self.pipeline or self.flow.write_paused or self.expect_100_continue
                 or (self.cycle is not None and not self.cycle.response_complete)):
             return False
         parser = self.parser
@@ -167,7 +171,10 @@ class LaneHttpProtocol(IntakeHttpProtocol):
         super().on_message_complete()
 
 
-def protocol_class(limits: ConnectionLimits, lane: LookupLane | None = None) -> type[LaneHttpProtocol]:
-    """The protocol class for one server, with its limits and lane (uvicorn instantiates it per
-    connection); without a lane every request goes through uvicorn's request cycle."""
-    return type("KvgwHttpProtocol", (LaneHttpProtocol,), {"limits": limits, "lane": lane})
+def protocol_class(limits: ConnectionLimits, lane: LookupLane | None = None,
+                   access_log: bool = False) -> type[LaneHttpProtocol]:
+    """The protocol class for one server, with its limits, lane and access-log setting (uvicorn
+    instantiates it per connection); without a lane, or with the access log on, every request goes
+    through uvicorn's request cycle."""
+    return type("KvgwHttpProtocol", (LaneHttpProtocol,),
+                {"limits": limits, "lane": lane, "kvgw_access_log": access_log})

@@ -8,7 +8,9 @@ and every other request must, with the answer the ASGI path gives.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import socket
 import threading
@@ -65,17 +67,19 @@ class LaneServer:
         return [call for call in seen if call[1] != "/metrics"]
 
 
-@pytest.fixture
-def lane(tmp_path: Path) -> Iterator[LaneServer]:
-    settings = Settings(data_dir=tmp_path / "data", root_access_key=ROOT_AK, root_secret_key=ROOT_SK)  # type: ignore[arg-type]
+@contextlib.contextmanager
+def serving(tmp_path: Path, *, access_log: bool = False) -> Iterator[LaneServer]:
+    """A real gateway served in a thread through kvgw's protocol, with ``KEYS`` stored."""
+    settings = Settings(data_dir=tmp_path / "data", root_access_key=ROOT_AK, root_secret_key=ROOT_SK,  # type: ignore[arg-type]
+                        access_log=access_log)
     gateway_app = create_app(settings)
     app = CountingApp(gateway_app)
-    protocol = protocol_class(ConnectionLimits(header_timeout=1.0), gateway_app.lane)
+    protocol = protocol_class(ConnectionLimits(header_timeout=1.0), gateway_app.lane, access_log)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     server = uvicorn.Server(uvicorn.Config(app, loop="asyncio", http=protocol, lifespan="on",
-                                           log_level="warning", access_log=False))
+                                           log_level="warning", access_log=access_log))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     running = LaneServer(sock.getsockname()[1], app, protocol, server, thread)
@@ -90,6 +94,12 @@ def lane(tmp_path: Path) -> Iterator[LaneServer]:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+@pytest.fixture
+def lane(tmp_path: Path) -> Iterator[LaneServer]:
+    with serving(tmp_path) as running:
+        yield running
 
 
 def chunk_path(key: str) -> str:
@@ -192,6 +202,30 @@ def test_indexed_lookups_are_answered_without_the_asgi_app(lane: LaneServer) -> 
     assert (empty.status, empty.json()) == (200, {"exists": []})
     assert head.status == 200 and head.header("content-length") == str(len(KEYS[2]) * 100)
     assert lane.calls() == []
+
+
+def test_the_lane_engages_whatever_log_handlers_exist(lane: LaneServer) -> None:
+    """Whether the lane answers is kvgw's setting alone: uvicorn turns its access log on when any
+    handler can receive its records, which a handler on the root logger (pytest's, an embedding
+    application's) makes true."""
+    handler = logging.NullHandler()
+    for name in ("", "uvicorn.access"):
+        logging.getLogger(name).addHandler(handler)
+    try:
+        assert logging.getLogger("uvicorn.access").hasHandlers()
+        exists = exchange(lane, request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)))
+    finally:
+        for name in ("", "uvicorn.access"):
+            logging.getLogger(name).removeHandler(handler)
+    assert (exists.status, exists.json()) == (200, {"exists": [True] * len(KEYS)})
+    assert lane.calls() == []
+
+
+def test_with_kvgw_access_log_on_every_request_reaches_the_app(tmp_path: Path) -> None:
+    with serving(tmp_path, access_log=True) as logged:
+        exists = exchange(logged, request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)))
+        assert (exists.status, exists.json()) == (200, {"exists": [True] * len(KEYS)})
+        assert logged.calls() == [("POST", "/v1/buckets/kvcache/exists")]
 
 
 def test_lane_answers_equal_the_asgi_apps_byte_for_byte(lane: LaneServer) -> None:

@@ -76,3 +76,34 @@ def test_the_server_imports_only_declared_distributions() -> None:
     undeclared = {name: sorted(by) for name, by in imported.items()
                   if not {_normal(d) for d in providers.get(name, ())} & allowed}
     assert not undeclared, f"imported by the server's modules but not in kvgw's runtime requirements: {undeclared}"
+
+
+INTERNALS_TOUCHED = {
+    # gateway/api/{holding,connections,intake,lane}.py subclass uvicorn's httptools protocol and read its
+    # request cycle's state: a release that changes them changes kvgw's hot path without a word.
+    "uvicorn": "gateway/api/holding.py",
+}
+
+
+def _declared() -> dict[str, Requirement]:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    return {_normal(Requirement(line).name): Requirement(line) for line in project["dependencies"]}
+
+
+def test_what_kvgw_reaches_inside_of_is_pinned_with_an_upper_bound() -> None:
+    declared = _declared()
+    for name, why in INTERNALS_TOUCHED.items():
+        req = declared[_normal(name)]
+        assert any(spec.operator in ("<", "<=", "==", "~=") for spec in req.specifier), (
+            f"{name} needs an upper bound in pyproject.toml: {why} depends on its internals")
+
+
+def test_installed_versions_are_the_ones_kvgw_declares() -> None:
+    """A stale environment (an older release left by another install) fails here, with the names,
+    instead of as a puzzling failure deep in the suite."""
+    declared = _declared()
+    wrong = {name: (metadata.version(name), str(req.specifier)) for name, req in declared.items()
+             if name != "kvgw-client" and not req.specifier.contains(metadata.version(name), prereleases=True)}
+    assert not wrong, f"installed outside kvgw's declared ranges (installed, wanted): {wrong}"
