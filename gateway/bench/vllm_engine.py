@@ -208,3 +208,170 @@ class Engine:
     def close(self) -> None:
         self.flat.release()
         self.manager.shutdown()
+
+
+# -- the scheduler ---------------------------------------------------------------------------------
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1, "intermediate_size": 128,
+              "vocab_size": 1000, "max_position_embeddings": 1024, "torch_dtype": "float32"}
+"""A model config vLLM accepts without a hub: only its shapes matter here (no weights are loaded)."""
+
+
+def pattern(tokens: Sequence[int], size: int) -> bytes:
+    """The KV bytes the stand-in worker computes for a block of ``tokens``: a function of the tokens, so
+    an engine that loads a block can tell it got the one computed for the same tokens."""
+    import hashlib
+
+    seed = hashlib.sha256(repr(list(tokens)).encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+@dataclass
+class Step:
+    scheduled: dict[str, int]  # request id -> tokens the model computes this step
+    loads: int  # load jobs (offloaded blocks -> GPU) in this step's connector metadata
+    stores: int  # store jobs (GPU -> offloaded blocks)
+
+
+class SchedulerEngine:
+    """vLLM's real ``Scheduler`` with the real ``OffloadingConnector`` and ``TieringOffloadingSpec`` on
+    CPU, and a stand-in for the GPU worker (the only part of vLLM's offloading that needs CUDA): each
+    step it carries out the connector's jobs on the primary tier's memory (a store writes the bytes
+    ``pattern`` gives for the block's tokens, a load checks that the bytes there are those) and reports
+    them done, and the model samples one token per running request."""
+
+    def __init__(self, model_dir: str, secondary_tiers: list[dict[str, Any]], *, cpu_bytes: int = 64 << 20,
+                 gpu_blocks: int = 128, kv_events: dict[str, Any] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        load()
+        import torch
+        from vllm.config import (
+            CacheConfig,
+            DeviceConfig,
+            KVEventsConfig,
+            KVTransferConfig,
+            ModelConfig,
+            SchedulerConfig,
+            VllmConfig,
+        )
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.block = TOKENS_PER_BLOCK
+        config = VllmConfig(
+            model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=1024),
+            scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024,
+                                             is_encoder_decoder=False),
+            cache_config=CacheConfig(block_size=self.block, gpu_memory_utilization=0.9, cache_dtype="auto",
+                                     enable_prefix_caching=True),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="OffloadingConnector", kv_role="kv_both",
+                kv_connector_extra_config={"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": cpu_bytes,
+                                           "secondary_tiers": secondary_tiers}),
+            kv_events_config=KVEventsConfig(**kv_events) if kv_events else None,
+            device_config=DeviceConfig("cpu"),
+        )
+        config.cache_config.num_gpu_blocks = gpu_blocks
+        spec = FullAttentionSpec(block_size=self.block, num_kv_heads=4, head_size=16, dtype=torch.float32)
+        kv_cache = KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[],
+                                 kv_cache_groups=[KVCacheGroupSpec([LAYER], spec)])
+        self.scheduler: Any = Scheduler(config, kv_cache, StructuredOutputManager(config), self.block)
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)
+        self._hasher = get_request_block_hasher(self.block, hash_fn)
+        self.connector: Any = self.scheduler.connector.connector_scheduler
+        self.manager: Any = self.connector.manager
+        view = self.manager.primary_tier.get_kv_memoryview()
+        self.stride = int(view.strides[0])
+        self._flat = view.cast("B")
+        self._tokens: dict[str, list[int]] = {}
+        self._sleep = sleep
+        self.steps: list[Step] = []
+        self.loaded_ok = 0  # blocks a load brought whose bytes were the ones computed for their tokens
+        self.loaded_bad = 0
+
+    @property
+    def tiers(self) -> list[Any]:
+        return list(self.manager.secondary_tiers)
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int = 1) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        self._tokens[request_id] = list(prompt)
+        self.scheduler.add_request(Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens), None,
+                                           block_hasher=self._hasher))
+
+    def _block_index(self, request_id: str, gpu_block: int) -> int:
+        (ids,) = self.scheduler.kv_cache_manager.get_block_ids(request_id)
+        return int(list(ids).index(gpu_block))
+
+    def _work(self, meta: Any) -> tuple[dict[int, int], set[str]]:
+        """The stand-in worker: carry the step's jobs out on the primary tier's memory; the jobs done,
+        and the requests whose asynchronous loads are done (vLLM's ``finished_recving``)."""
+        done: dict[int, int] = {}
+        received: set[str] = set()
+        for job_id, job in meta.store_jobs.items():
+            tokens = self._tokens[job.req_id]
+            for gpu, chunk in zip(job.src_spec.block_ids, job.dst_spec.block_ids, strict=True):
+                i = self._block_index(job.req_id, int(gpu))
+                start = int(chunk) * self.stride
+                self._flat[start : start + self.stride] = pattern(tokens[i * self.block : (i + 1) * self.block],
+                                                                  self.stride)
+            done[job_id] = 1
+        for job_id, job in meta.load_jobs.items():
+            tokens = self._tokens[job.req_id]
+            for chunk, gpu in zip(job.src_spec.block_ids, job.dst_spec.block_ids, strict=True):
+                i = self._block_index(job.req_id, int(gpu))
+                start = int(chunk) * self.stride
+                good = bytes(self._flat[start : start + self.stride]) == pattern(
+                    tokens[i * self.block : (i + 1) * self.block], self.stride)
+                self.loaded_ok += good
+                self.loaded_bad += not good
+            done[job_id] = 1
+            if not job.sync:
+                received.add(job.req_id)
+        return done, received
+
+    def step(self) -> Step:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        out = self.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        done, received = self._work(meta)
+        ids = list(out.num_scheduled_tokens)
+        requests = self.scheduler.requests
+        # schedule() has advanced num_computed_tokens: a request past its prompt samples a token
+        sampling = {r for r in ids if requests[r].num_computed_tokens >= requests[r].num_prompt_tokens}
+        result = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=[[7] if r in sampling else [] for r in ids],
+            kv_connector_output=KVConnectorOutput(finished_recving=received or None,
+                                                  kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done)),
+        )
+        self.scheduler.update_from_output(out, result)
+        step = Step(dict(out.num_scheduled_tokens), len(meta.load_jobs), len(meta.store_jobs))
+        self.steps.append(step)
+        return step
+
+    def run(self, timeout: float = 60.0, step_seconds: float = 0.005) -> list[Step]:
+        """Step until every request finished and no tier has work in flight; the steps taken."""
+        first = len(self.steps)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.step()
+            if not self.scheduler.has_requests() and not self.connector.has_pending_push_work() \
+                    and not self.manager.has_pending_work():
+                return self.steps[first:]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the engine is still busy after {timeout}s")
+            self._sleep(step_seconds)
+
+    def close(self) -> None:
+        self._flat.release()
+        self.scheduler.shutdown()
