@@ -133,6 +133,7 @@ class KvgwTier(SecondaryTierManager):  # type: ignore[misc]
             self._follower = ChangeFollower(self._read_changes, self._on_changes,
                                             poll_seconds=self.settings.events_poll_s)
             self._follower_task = self._client.spawn(self._follower.run())
+        self._client.spawn(self._client.ping())  # the first step's lookups find a connection open
         logger.info("kvgw vLLM tier: %s bucket %s, blocks of %d bytes named %s/..., events %s",
                     self.settings.client.url, self.settings.client.bucket, self.block_size_bytes,
                     self.names.namespace, self.settings.kv_events if self._events is not None else "off")
