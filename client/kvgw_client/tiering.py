@@ -13,6 +13,7 @@ hands back crosses in thread-safe structures (a ``deque`` of finished jobs, ``cf
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import threading
 import time
@@ -44,6 +45,7 @@ class TierSettings:
     ttl: int | None = None  # X-Kvgw-TTL on every block
     lookup_timeout: float = 2.0  # deadline of a step's lookup batch: then its keys miss
     io_timeout: float = 30.0  # deadline of one store or load job: then its blocks fail
+    load_streams: int = 1  # a load job's blocks go out as this many batch-gets at once (1: one per job)
     answer_ttl: float | None = None  # seconds a lookup's answer is reused; None: half the lease (or 1 s)
     locality: str = "REMOTE"  # KV events' locality: REMOTE (a shared gateway) or LOCAL
     enable_kv_events: bool = False  # report blocks through vLLM's KV events (with enable_kv_cache_events)
@@ -68,6 +70,7 @@ class TierSettings:
             ttl=ttl if ttl > 0 else None,
             lookup_timeout=reader.get_float("lookup_timeout_s", cls.lookup_timeout),
             io_timeout=reader.get_float("io_timeout_s", cls.io_timeout),
+            load_streams=reader.get_int("load_streams", cls.load_streams),
             answer_ttl=answer_ttl,
             locality=(reader.get_str("locality", cls.locality) or cls.locality).upper(),
             enable_kv_events=reader.get_bool("enable_kv_events", cls.enable_kv_events),
@@ -88,8 +91,8 @@ class TierSettings:
             raise ValueError(f"locality must be LOCAL or REMOTE, not {settings.locality!r}")
         if settings.kv_events not in EVENT_MODES:
             raise ValueError(f"kv_events must be one of {', '.join(EVENT_MODES)}, not {settings.kv_events!r}")
-        if settings.events_per_step < 1 or settings.events_queue < 1 or settings.parent_map_size < 1:
-            raise ValueError("events_per_step, events_queue and parent_map_size must be at least 1")
+        if min(settings.events_per_step, settings.events_queue, settings.parent_map_size, settings.load_streams) < 1:
+            raise ValueError("events_per_step, events_queue, parent_map_size and load_streams must be at least 1")
         return settings
 
     @property
@@ -246,19 +249,21 @@ class TierJobs:
     """Store and load jobs between vLLM's primary buffer and kvgw, each on the client's I/O loop.
 
     A store sends the job's blocks as PUTs, all in flight at once, straight from the primary buffer,
-    each naming its parent; a load is one batch-get whose frames are written straight into the primary
-    buffer at each block's offset (or read from the shared mount, when the client has
-    ``direct_read_root``). vLLM pins a job's blocks until it sees the job finish, so the buffer is
-    valid while the job runs; no job outlives ``io_timeout`` (a load's stream is cut then, its
-    remaining blocks fail, and nothing is written into the buffer afterwards)."""
+    each naming its parent; a load is one batch-get (``streams`` of them at once for a large job, each
+    over consecutive blocks) whose frames are written straight into the primary buffer at each block's
+    offset (or read from the shared mount, when the client has ``direct_read_root``). vLLM pins a
+    job's blocks until it sees the job finish, so the buffer is valid while the job runs; no job
+    outlives ``io_timeout`` (a load's stream is cut then, its remaining blocks fail, and nothing is
+    written into the buffer afterwards)."""
 
     def __init__(self, client: KvgwClient, buffer: memoryview, block_bytes: int, *, ttl: int | None,
-                 io_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 io_timeout: float, streams: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
         self._buffer = buffer
         self._block = block_bytes
         self._ttl = ttl
         self._timeout = io_timeout
+        self._streams = max(1, streams)
         self._clock = clock
         self._done: deque[JobOutcome] = deque()
         self._running: dict[int, cf.Future[None]] = {}
@@ -306,13 +311,22 @@ class TierJobs:
         started = self._clock()
         ok = [False] * len(names)
         block = self._block
+        # consecutive runs, at least 4 blocks each: a stream per 2 blocks would cost more than it gains
+        per = max(4, -(-len(names) // self._streams))
+        parts = [range(i, min(i + per, len(names))) for i in range(0, len(names), per)]
 
-        def into(index: int, length: int) -> Destination | None:
-            return views[index] if length == block else None  # a block of another size is not this model's
+        async def part(indices: range) -> None:
+            def into(index: int, length: int) -> Destination | None:
+                # a block of another size is not this model's
+                return views[indices[index]] if length == block else None
+
+            statuses = await self._client.batch_get_into([names[i] for i in indices], into, quiet=True,
+                                                         timeout=self._timeout)
+            for i, status in zip(indices, statuses, strict=True):
+                ok[i] = status is ItemStatus.OK
 
         try:
-            statuses = await self._client.batch_get_into(names, into, quiet=True, timeout=self._timeout)
-            ok = [s is ItemStatus.OK for s in statuses]
+            await asyncio.gather(*(part(p) for p in parts))
         finally:
             self._finish(job_id, False, ok, started)
 

@@ -113,7 +113,8 @@ class KvgwTier(SecondaryTierManager):  # type: ignore[misc]
         self._client = KvgwClient(self.settings.client, logger=logger)
         self._lookups = StepLookups(self._ask, self.settings.answer_seconds, counters=self.counters)
         self._jobs = TierJobs(self._client, primary_kv_view.cast("B"), self.block_size_bytes,
-                              ttl=self.settings.ttl, io_timeout=self.settings.io_timeout)
+                              ttl=self.settings.ttl, io_timeout=self.settings.io_timeout,
+                              streams=self.settings.load_streams)
         self._job_keys: dict[int, tuple[list[OffloadKey], list[str]]] = {}
         self._parents = ParentMap(self.settings.parent_map_size)
         self._last_looked_up: dict[str, str] = {}  # request id -> its last key looked up (chain order)

@@ -2,6 +2,7 @@
 one at a time, in one run, on this machine:
 
     (k) kvgw's tier                  ``kvgw_client.vllm.KvgwTier``, kvgw's native API
+    (d) kvgw's tier, direct reads    the same, loads read from kvgw's directory (``direct_read_root``)
     (f) vLLM's fs tier               ``FileSystemTierManager``, a directory on the same disk as kvgw's data
                                      (its pure-Python I/O: vLLM's C extension ``fs_io_C`` needs CUDA
                                      libraries, so these figures say nothing of the fs tier on a GPU host)
@@ -41,7 +42,8 @@ MiB = 1 << 20
 ACCESS_KEY = "KVBENCHVLLMACCESSKEY"
 SECRET_KEY = "kvgw-bench-vllm-secret-key-0123456789"
 BUCKET = "kvcache"
-TARGETS = {"k": "kvgw tier (native API)", "f": "vLLM fs tier (same disk)", "o": "vLLM obj tier -> kvgw S3 API"}
+TARGETS = {"k": "kvgw tier (native API)", "d": "kvgw tier, direct reads", "f": "vLLM fs tier (same disk)",
+           "o": "vLLM obj tier -> kvgw S3 API"}
 
 
 @dataclass
@@ -55,9 +57,12 @@ class Result:
 
 
 def tier_config(target: str, server: KvgwProcess, workdir: Path) -> dict[str, Any]:
-    if target == "k":
-        return {"type": "KvgwTier", "module_path": "kvgw_client.vllm", "url": server.url, "bucket": BUCKET,
-                "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "prefix": "bench-k"}
+    if target in "kd":
+        doc = {"type": "KvgwTier", "module_path": "kvgw_client.vllm", "url": server.url, "bucket": BUCKET,
+               "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "prefix": f"bench-{target}"}
+        if target == "d":
+            doc["direct_read_root"] = str((server.data_dir / "fs").resolve())
+        return doc
     if target == "f":
         return {"type": "fs", "root_dir": str(workdir / "fs-tier")}
     return {"type": "obj", "prefix": "bench-o", "io_threads": 4,
@@ -130,7 +135,7 @@ def report(results: list[Result], args: argparse.Namespace, exists_ms: float | N
             ok = False
             continue
         lines.append(f"({r.target}) {TARGETS[r.target]:<30} {statistics.median(r.store_mbps):>11.0f} "
-                     f"{statistics.median(r.load_mbps):>10.0f} {max(r.lookup_steps):>13d}")
+                     f"{statistics.median(r.load_mbps):>10.0f} {'/'.join(map(str, r.lookup_steps)):>13}")
     lines.append("")
     k = by.get("k")
     if k is not None and k.error is None and k.load_mbps:
@@ -142,6 +147,12 @@ def report(results: list[Result], args: argparse.Namespace, exists_ms: float | N
             ratio = load / statistics.median(base.load_mbps)
             lines.append(f"kvgw tier load / ({other}) load: {ratio:.2f}x (target >= {need:.1f}x): "
                          f"{'MET' if ratio >= need else 'NOT MET'}")
+        d = by.get("d")
+        o = by.get("o")
+        if d is not None and d.error is None and o is not None and o.error is None:
+            ratio = statistics.median(d.load_mbps) / statistics.median(o.load_mbps)
+            lines.append(f"kvgw tier with direct reads load / (o) load: {ratio:.2f}x (target >= 2.0x): "
+                         f"{'MET' if ratio >= 2.0 else 'NOT MET'}")
         steps = max(k.lookup_steps)
         lines.append(f"kvgw tier: {args.blocks} blocks' lookups answered after {steps} scheduler step(s) of "
                      f"{args.step_ms} ms (target 1): {'MET' if steps <= 1 else 'NOT MET'}")
@@ -158,7 +169,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="store + load rounds per target (default 3)")
     p.add_argument("--step-ms", type=float, default=10.0, help="a scheduler step's length (default 10 ms)")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds a new engine idles before it is timed")
-    p.add_argument("--only", default="kfo", help="targets to run, e.g. 'kf' (default kfo)")
+    p.add_argument("--only", default="kdfo", help="targets to run, e.g. 'kf' (default kdfo)")
     p.add_argument("--no-fsync", action="store_true", help="run kvgw with --no-fsync (vLLM's tiers never fsync)")
     p.add_argument("--workdir", type=Path, help="where kvgw's data and the fs tier's files go (default: temp)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
