@@ -83,7 +83,7 @@ class StagedChunk(Protocol):
 class SyncStagedChunk(StagedChunk, Protocol):
     """A staged chunk that can also take bytes from a worker thread, written before the call returns
     (the filesystem tier): the service then receives, hashes and writes a body's pieces in one thread
-    (``gateway.api.intake``'s threaded receives), the bytes still in that thread's cache when they are
+    (``gateway.dataplane.intake``'s threaded receives), the bytes still in that thread's cache when they are
     written, with no hand-off per piece."""
 
     def write_now(self, data: bytes | memoryview) -> None:
@@ -165,4 +165,11 @@ class FileLocator(Protocol):
 
     async def will_read(self, digests: list[bytes]) -> None:
         """Hint that these chunks are about to be read: start reading them from disk now."""
+        ...
+
+    async def open_data(self, digest: bytes, size: int) -> int:
+        """An open read-only descriptor on the chunk's file, whose data part is ``size`` bytes (checked
+        against the file's own footer, which catches a file re-written since the caller's index entry
+        was made; not the bytes themselves: the reader verifies them). The caller closes it.
+        ChunkNotFound if there is no file, ChunkCorrupt if its footer says another size."""
         ...

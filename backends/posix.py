@@ -30,7 +30,7 @@ from pathlib import Path
 
 from backends import chunkfile
 from backends.base import ChunkMeta, check_bytes
-from backends.errors import BackendError
+from backends.errors import BackendError, ChunkCorrupt
 from backends.fileio import (
     DIRECT_ALIGN,
     LOCAL_FILESYSTEMS,
@@ -330,6 +330,26 @@ class PosixTier:
             os.close(fd)
         check_bytes(data, checksum)
         return data
+
+    async def open_data(self, digest: bytes, size: int) -> int:
+        return await run_io(self._open_data_sync, self.path_for(digest), size, what="open chunk")
+
+    @staticmethod
+    def _open_data_sync(path: str, size: int) -> int:
+        """``open_data`` in a worker thread: open, then one read of the footer's tail (page-cache warm
+        right after a write, one small read otherwise)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            total = os.fstat(fd).st_size
+            if total < chunkfile.TAIL.size:
+                raise ChunkCorrupt("chunk is shorter than its footer")
+            meta_bytes = chunkfile.footer_length(os.pread(fd, chunkfile.TAIL.size, total - chunkfile.TAIL.size))
+            if total - chunkfile.TAIL.size - meta_bytes != size:
+                raise ChunkCorrupt(f"chunk file holds {total - chunkfile.TAIL.size - meta_bytes} bytes, not {size}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     async def will_read(self, digests: list[bytes]) -> None:
         """POSIX_FADV_WILLNEED on every chunk of a batch read: the kernel reads them ahead (in

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.api.http import RETRIED, THREADED_BODY, Message, Receive, Scope, Send
+from gateway.api.http import RETRIED, THREADED_BODY, ZEROCOPY, Message, Receive, Scope, Send
 from gateway.chunks import ThreadedBody, ThreadedOutcome
 
 ASGIApp = Callable[[Scope, Receive, Send], Any]
@@ -74,7 +74,8 @@ class RequestMetrics:
                        ["result"], registry=registry)
         self.lane_answered, self.lane_handed_over = lane.labels("answered"), lane.labels("handed_over")
         receives = Counter(
-            "kvgw_threaded_receives", "PUT bodies offered to a threaded receive (gateway.api.intake), by how it ended: "
+            "kvgw_threaded_receives",
+            "PUT bodies offered to a threaded receive (gateway.dataplane.intake), by how it ended: "
             "complete, slow (the event loop read the rest), gone (the client went away), skipped (not tried: no "
             "thread free, TLS, or the body already in).",
             ["result"], registry=registry)
@@ -116,7 +117,7 @@ class RequestMetrics:
 
     def answered(self, api: str, op: str, status: int, seconds: float, body_in: int, body_out: int,
                  retried: bool = False) -> None:
-        """One request answered without an ASGI app (``gateway.api.lane``), counted as ``wrap`` counts."""
+        """One request answered without an ASGI app (``gateway.dataplane.lane``), counted as ``wrap`` counts."""
         requests, latency = self._request_child(api, op, status)
         requests.inc()
         latency.observe(seconds)
@@ -152,6 +153,8 @@ class RequestMetrics:
                     body = message.get("body")
                     if body:
                         bytes_out.inc(len(body))
+                elif kind == ZEROCOPY:
+                    bytes_out.inc(message["count"])
                 elif kind == "http.response.start":
                     status = message["status"]
                 await send(message)

@@ -34,6 +34,7 @@ from gateway.buckets import check_chunk_size
 from gateway.chunks import ChunkInfo, PutResult
 from gateway.errors import (
     ChunkTooLarge,
+    EmptyChunk,
     EntityTooSmall,
     IncompleteBody,
     InvalidPart,
@@ -139,11 +140,13 @@ class MultipartStore:
         body: AsyncIterable[bytes | memoryview],
         *,
         max_bytes: int,
+        allow_empty: bool = False,
         attrs: Callable[[], Mapping[str, str]] = dict,
     ) -> PartInfo:
         """Receive one part. ``body`` must raise if it is not complete and verified; only then is the
         part renamed into place (replacing an earlier upload of the same number). ``attrs`` is called
-        after the body ended (checksums computed on the way)."""
+        after the body ended (checksums computed on the way). An empty part is refused (EmptyChunk)
+        unless ``allow_empty`` (the bucket's ``allow_empty_objects``)."""
         if not 1 <= number <= MAX_PART_NUMBER:
             raise InvalidRequest(f"part numbers are 1 to {MAX_PART_NUMBER}")
         writer = await _io(self.staging.open_part(upload.upload_id, number))
@@ -162,6 +165,8 @@ class MultipartStore:
                 if pending_bytes >= _WRITE_BATCH:
                     batch, pending, pending_bytes = pending, [], 0
                     await _io(writer.write(batch))
+            if size == 0 and not allow_empty:
+                raise EmptyChunk.in_bucket(upload.bucket)
             now = self.clock()
             meta = ChunkMeta(upload.bucket, upload.key, size, hasher.intdigest(), now,
                              attrs=tuple(sorted(attrs().items())))

@@ -48,6 +48,8 @@ class Bucket(Base):
     # read leases (revision 0006): the longest lease a lookup may take, and the bytes leased at once
     max_lease_ms: Mapped[int] = mapped_column(Integer, default=10_000)
     max_leased_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # revision 0007: whether zero-length objects are accepted (a KV-cache chunk is never empty)
+    allow_empty_objects: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Credential(Base):

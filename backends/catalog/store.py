@@ -64,6 +64,7 @@ class BucketPolicy:
     eviction_policy: str = "default"
     max_lease_ms: int = 10_000  # the longest read lease a lookup may take (gateway.leases)
     max_leased_bytes: int | None = None  # bytes leased at once; None: a tenth of the capacity, if any
+    allow_empty_objects: bool = False  # accept zero-length PUTs (generic S3 use; a KV chunk is never empty)
 
     def leased_bytes_cap(self) -> int | None:
         """The bytes that may be leased at once in this bucket (None: no cap: nothing is evicted)."""

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
 
 from gateway.access import Action
-from gateway.api.http import Headers, http_date, parse_range, send_body
+from gateway.api.http import Headers, http_date, parse_range, send_body, sends_files
 from gateway.api.s3 import xml
 from gateway.api.s3.checksums import ALGORITHMS
 from gateway.api.s3.common import DRAIN_LIMIT, Call, S3Services, as_bytes, body_payload, object_key, read_small_body
@@ -81,6 +81,31 @@ def requested_algorithms(call: Call) -> list[str]:
     if name and name in ALGORITHMS and name != "md5":
         return [name]
     return []
+
+
+STORED_CHECKSUM = "crc64nvme"
+"""Kept with every object whose PUT carried no checksum of its own (S3's default algorithm, from awscrt:
+hardware-accelerated, computed in the same pass as the body's other digests), so that any S3 client
+asking for checksums on GET (``x-amz-checksum-mode: ENABLED``) can verify what it reads, and kvgw can
+then send it the bytes without reading them (``get_object``)."""
+
+
+def stored_algorithms(call: Call) -> list[str]:
+    """The checksums a PutObject computes besides the ones it verifies: the one the SDK names without
+    a value, else ``STORED_CHECKSUM`` when the request carries no checksum at all."""
+    requested = requested_algorithms(call)
+    if requested:
+        return requested
+    carries = call.header("x-amz-trailer") is not None or any(
+        name.startswith(b"x-amz-checksum-") and name != b"x-amz-checksum-type" for name, _ in call.raw_headers)
+    return [] if carries else [STORED_CHECKSUM]
+
+
+def reader_verifies(call: Call, attrs: Mapping[str, str], whole: bool) -> bool:
+    """Whether the client will check the whole object against a checksum this answer carries: it asked
+    (``x-amz-checksum-mode: ENABLED``) and one is stored. The bytes are then not verified here."""
+    return (whole and (call.header("x-amz-checksum-mode") or "").upper() == "ENABLED"
+            and any(name.startswith(CHECKSUM_PREFIX) and name != CHECKSUM_TYPE for name in attrs))
 
 
 def etag_matches(header: str, etag: str) -> bool:
@@ -152,7 +177,7 @@ class ObjectHandlers:
             return
         # Transfer-Encoding: chunked without a length (SDK streams) is accepted: the body's end decides;
         # neither a length nor chunked encoding is still 411, as S3 answers
-        payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=requested_algorithms(call),
+        payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=stored_algorithms(call),
                                require_length=call.header("transfer-encoding") is None)
         if payload.content_encoding is not None:
             attrs["content-encoding"] = payload.content_encoding
@@ -271,7 +296,7 @@ class ObjectHandlers:
     def head_indexed(self, call: Call) -> tuple[int, Headers] | None:
         """``head_object``'s answer when the directory's view, the index (or a tier telling at once
         that the chunk is absent: NoSuchChunk) and the attrs cache hold all it needs, without awaiting
-        anything (the lookup lane, ``gateway.api.lane``); None otherwise. Raises what ``head_object``
+        anything (the lookup lane, ``gateway.dataplane.lane``); None otherwise. Raises what ``head_object``
         raises for the same request."""
         key = object_key(call)
         bucket = self.gw.bucket_in_view(call, Action.READ)
@@ -303,10 +328,18 @@ class ObjectHandlers:
         self._part_number(call)
         check_read_conditions(call, info)
         byte_range = parse_range(call.header("range"))
-        body = await self.gw.service.open_info(info, byte_range)
+        attrs = await self.gw.chunk_attrs(info)
+        verifies = reader_verifies(call, attrs, byte_range is None)
+        service = self.gw.service
+        body = await service.open_info(info, byte_range, reader_verifies=verifies,
+                                       as_file=verifies and sends_files(call.req.scope))
+        if body.info != info:  # the index was behind the tier: another incarnation, its own attrs
+            attrs = await self.gw.chunk_attrs(body.info)
+            if verifies and not reader_verifies(call, attrs, byte_range is None):
+                await body.close()
+                body = await service.open_info(body.info, byte_range)
         try:
-            headers = self._object_headers(call, body.info, await self.gw.chunk_attrs(body.info),
-                                           whole=byte_range is None)
+            headers = self._object_headers(call, body.info, attrs, whole=byte_range is None)
             await send_body(call.send, headers, body, range_of=None if byte_range is None else body.info.size)
         finally:
             await body.close()

@@ -90,6 +90,7 @@ class UploadHandlers:
         payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=requested_algorithms(call))
         part = await self.gw.multipart.put_part(
             upload, int(raw), as_bytes(aiter(payload)), max_bytes=bucket.max_chunk_bytes,
+            allow_empty=bucket.allow_empty_objects,
             attrs=lambda: {k: v for k, v in checksum_attrs(payload.checksums).items() if k != CHECKSUM_TYPE},
         )
         headers = call.headers()

@@ -19,8 +19,9 @@ import httpx
 import pytest
 
 from gateway.bench.vllm_engine import block_keys
-from gateway.bench.vllm_obj import stored_name
-from tests.conftest import REPO, ServerProcess, wait_for
+from gateway.bench.vllm_obj import STORE_CONFIG_FIELDS, stored_name
+from tests.conftest import ServerProcess, wait_for
+from tests.docs import README, section, text
 from tests.integration.vllm.conftest import cli, kvgw_tier, store_config
 from tests.integration.vllm.test_obj_tier import s3_requests
 
@@ -71,42 +72,58 @@ def test_blocks_are_shared_between_vllms_obj_tier_and_kvgws_tier(
     assert engines([obj_tier(store_config(gateway))]).load(keys).data == data
 
 
-def readme_kv_transfer_config() -> dict[str, Any]:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("\n## vLLM's object-store tier"):]
-    section = section[: section.index("\n## ", 1)]
-    (doc,) = re.findall(r"--kv-transfer-config '(\{.*?\})'", section, re.S)
+def vllm_doc(where: str) -> str:
+    """kvgw's documentation of vLLM's obj tier: its section of ``docs/vllm.md``, or the README's short one."""
+    if where == "README.md":
+        return section(README.read_text(), "vLLM's object-store tier (no LMCache)")
+    return section(text("docs/vllm.md"), "vLLM's object-store tier (no LMCache)")
+
+
+def documented_kv_transfer_config(where: str) -> dict[str, Any]:
+    (doc,) = re.findall(r"--kv-transfer-config '(\{.*?\})'", vllm_doc(where), re.S)
     parsed: dict[str, Any] = json.loads(doc)
     return parsed
 
 
-def test_the_readme_config_as_written(engines: Callable[..., Any], gateway: ServerProcess, seed: int) -> None:
-    """README's ``secondary_tiers`` entry given to vLLM as written, with only the gateway's address and the
-    credential's values replaced (a bucket and credential created as README says)."""
-    doc = readme_kv_transfer_config()
+def documented_shell_line(start: str, where: str) -> list[str]:
+    (line,) = [ln for ln in vllm_doc(where).splitlines() if ln.startswith(start)]
+    return line.split("#")[0].split()
+
+
+@pytest.mark.parametrize("where", ["docs/vllm.md", "README.md"])
+def test_the_documented_config_as_written(
+    engines: Callable[..., Any], gateway: ServerProcess, seed: int, where: str
+) -> None:
+    """The bucket, credential and ``secondary_tiers`` entry of the docs page and of the README given to
+    vLLM as written, with only the gateway's address and the credential's values replaced."""
+    doc = documented_kv_transfer_config(where)
     assert (doc["kv_connector"], doc["kv_role"]) == ("OffloadingConnector", "kv_both")
     extra = doc["kv_connector_extra_config"]
     assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] > 0
     (tier,) = extra["secondary_tiers"]
-    assert tier["type"] == "obj" and tier["store_config"]["endpoint_override"] == DOC_ENDPOINT
-    bucket = f"{tier['store_config']['bucket']}-{seed}"
-    cli(gateway, "bucket", "create", bucket, "--ttl", "86400")
+    written = tier["store_config"]
+    assert tier["type"] == "obj" and set(written) <= set(STORE_CONFIG_FIELDS)
+    assert written["endpoint_override"] == DOC_ENDPOINT
+    bucket_args = documented_shell_line("kvgw bucket create", where)[1:]
+    assert bucket_args[:3] == ["bucket", "create", written["bucket"]] and "--ttl" in bucket_args
+    bucket = f"{written['bucket']}-{seed}"  # write-once keys: a bucket of this test's own
+    cli(gateway, *bucket_args[:2], bucket, *bucket_args[3:])
+    assert documented_shell_line("kvgw cred create", where)[1:] == ["cred", "create", "--bucket", written["bucket"],
+                                                                     "--write"]
     cred = cli(gateway, "cred", "create", "--bucket", bucket, "--write")
-    tier = {**tier, "store_config": {**tier["store_config"], "bucket": bucket,
-                                     "endpoint_override": f"127.0.0.1:{gateway.port}",
+    tier = {**tier, "store_config": {**written, "bucket": bucket, "endpoint_override": f"127.0.0.1:{gateway.port}",
                                      "access_key": cred["access_key"], "secret_key": cred["secret_key"]}}
     keys, data = block_keys(3, seed), blocks(3, MiB)
 
     def stores() -> bool:  # the gateway takes the new bucket and credential from the catalog within a refresh
         try:
-            engine = engines([tier])
+            engines([tier], cpu_blocks=4).store(keys, data)
         except Exception:
             return False
-        engine.store(keys, data)
-        return bool(engine.tiers[0] is not None)
+        return True
 
-    wait_for(stores, "vLLM's tier to start with the new credential")
-    assert engines([tier]).load(keys).data == data
+    wait_for(stores, "vLLM's tier to start with the new credential", interval=0.5)
+    assert engines([tier], cpu_blocks=4).load(keys).data == data
 
 
 def test_a_prefix_a_host_name_and_credentials_from_the_environment(
