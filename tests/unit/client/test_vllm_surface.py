@@ -18,6 +18,9 @@ from typing import Any
 from tests.requirements import require_where
 
 try:
+    from gateway.bench import vllm_engine
+
+    vllm_engine.load()  # vLLM's settings for a machine without a GPU or a hub, then its offloading code
     from vllm.v1.kv_offload import base as offload_base
     from vllm.v1.kv_offload.file_mapper import FileMapper
     from vllm.v1.kv_offload.tiering import base as tiering_base
