@@ -77,6 +77,7 @@ class LoadResult:
     data: list[bytes | None]  # per key: the primary tier's bytes after the load, None if it missed
     steps: int  # scheduler steps until every key was settled
     answers: list[list[str]] = field(default_factory=list)  # per step, vLLM's lookup answer per key
+    seconds: float = 0.0  # from the first lookup until every key was settled (before the bytes are read)
 
 
 class Engine:
@@ -157,6 +158,7 @@ class Engine:
 
         answers: list[list[str]] = []
         settled: dict[bytes, bool] = {}
+        started = time.perf_counter()
         deadline = time.monotonic() + timeout
         steps = 0
         while len(settled) < len(keys):
@@ -178,6 +180,7 @@ class Engine:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"lookups not settled after {timeout}s: {row}")
                 self._sleep(self._step_seconds)
+        seconds = time.perf_counter() - started
         data: list[bytes | None] = []
         hits = [k for k in keys if settled[k]]
         chunk: dict[bytes, int] = {}
@@ -192,7 +195,7 @@ class Engine:
                 data.append(None)
         if hits:
             self.manager.complete_load(hits, ctx)
-        return LoadResult(data, steps, answers)
+        return LoadResult(data, steps, answers, seconds)
 
     def load(self, keys: Sequence[bytes], *, timeout: float = 60.0) -> LoadResult:
         ctx = self.request()
