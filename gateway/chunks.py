@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from backends import errors as backend
+from backends.base import ChunkMeta
 from backends.index import IndexEntry
 from backends.tiers import TierId
 from gateway.errors import InvalidRange, translate_backend_error
@@ -38,6 +39,7 @@ class ChunkInfo:
     created: float
     expires: float
     tiers: int = TierId.FS  # bit mask of TierId values: the tiers holding a copy
+    md5_etag: str | None = None  # recorded when written to an MD5-mode bucket (``backends.base.MD5_ETAG``)
 
     @property
     def tier(self) -> TierId:
@@ -50,11 +52,24 @@ class ChunkInfo:
 
     @property
     def etag(self) -> str:
+        """The native API's ETag: the xxh3-64 quoted (equal to ``X-Kvgw-Checksum``), in every bucket."""
         return wire.etag(self.checksum)
+
+    @property
+    def s3_etag(self) -> str:
+        """The S3 API's ETag: the MD5 form recorded when the chunk was written to an MD5-mode bucket,
+        else the native one. Fixed at write time, so changing a bucket's mode never changes the ETag of
+        a chunk already stored (sync tools would take that for a changed object)."""
+        return f'"{self.md5_etag}"' if self.md5_etag is not None else wire.etag(self.checksum)
 
     @classmethod
     def from_entry(cls, entry: IndexEntry) -> ChunkInfo:
-        return cls(entry.bucket, entry.key, entry.size, entry.checksum, entry.created, entry.expires, entry.tiers)
+        return cls(entry.bucket, entry.key, entry.size, entry.checksum, entry.created, entry.expires, entry.tiers,
+                   entry.md5_etag)
+
+    @classmethod
+    def from_meta(cls, meta: ChunkMeta, tiers: int) -> ChunkInfo:
+        return cls(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires, tiers, meta.md5_etag)
 
 
 @dataclass(frozen=True, slots=True)

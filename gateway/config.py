@@ -90,6 +90,8 @@ class Settings(BaseSettings):
 
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
     fs_direct_writes: bool = False  # chunk data written around the page cache (O_DIRECT): cheap PUTs, cold first reads
+    fs_visibility_seconds: float = 5.0  # how long an operation on a chunk file its directory lists but this host's
+    # lookups do not see yet (another host created it after a lookup here: NFS/FUSE negative caches) retries
     verify_reads: bool = True  # check a chunk's checksum before serving its first byte
     loop_stall_seconds: float = 1.0  # log where the event loop is when it runs nothing this long (0: no watch)
     # answer index-only HEAD / exists / prefix inside the HTTP protocol (gateway.dataplane.lane)

@@ -96,7 +96,8 @@ class _StaleEntry(Exception):
 
 class _BodyTally:
     """What a PUT has received so far: its size, held to the declared length and the bucket's chunk
-    size limit as the bytes arrive, its xxh3-64 and, when the client sent a Content-MD5, its MD5. Fed
+    size limit as the bytes arrive, its xxh3-64 and, when the client sent a Content-MD5 or the bucket's
+    ETags are MD5s, its MD5. Fed
     one piece at a time, from the event loop or from a receiving thread, never both at once."""
 
     def __init__(self, bucket: BucketPolicy, length: int | None, *, md5: bool) -> None:
@@ -427,7 +428,7 @@ class ChunkService:
     async def _index_found(self, digest: bytes, meta: ChunkMeta, bit: TierId, now: float) -> ChunkInfo:
         """Index a copy found in a tier (written by another gateway, or before the index was lost)."""
         entry = IndexEntry(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires,
-                           last_access=now, tiers=bit)
+                           last_access=now, tiers=bit, md5_etag=meta.md5_etag)
         parent = None if meta.parent is None else chunk_digest(meta.bucket, meta.parent)
         await self._index.put(digest, entry, parent)
         info = ChunkInfo.from_entry(entry)
@@ -505,6 +506,7 @@ class ChunkService:
         parent: str | None = None,
         attrs: dict[str, str] | None = None,
         threaded: ThreadedBody | None = None,
+        md5_etag: str | None = None,
     ) -> PutResult:
         """Stream ``body`` into the bucket's write tier; publish only if complete and matching the
         given digests. With write-through the chunk is queued for S3 in the same index commit.
@@ -515,6 +517,11 @@ class ChunkService:
         chunk size limit, which is then enforced as the bytes arrive. ``threaded``: the same body, whose
         leading pieces can be received in a worker thread; where the tier can take bytes from that
         thread (``SyncStagedChunk``), they are hashed and written there, and ``body`` yields the rest.
+
+        ETags (``BucketPolicy.etag_mode``): in an MD5-mode bucket the chunk records its S3 ETag, the MD5
+        of the body, computed by the same pass that computes its xxh3 (in the receiving thread for a
+        threaded receive), never by a second read; ``md5_etag`` gives it instead when the caller has it
+        already (a multipart upload's, made of its parts' MD5s). Other buckets record none.
         """
         if length is not None:
             check_chunk_size(bucket, length)
@@ -522,7 +529,8 @@ class ChunkService:
         bit = TierId.S3 if bucket.write_tier == TierId.S3.label and self._s3 is not None else TierId.FS
         tier = self._tiers[bit]
         digest = chunk_digest(bucket.name, key)
-        tally = _BodyTally(bucket, length, md5=md5 is not None)
+        md5_mode = bucket.etag_mode == "md5"
+        tally = _BodyTally(bucket, length, md5=md5 is not None or (md5_mode and md5_etag is None))
         try:
             staged = await tier.stage(digest)
         except backend.BackendError as exc:
@@ -541,12 +549,16 @@ class ChunkService:
             value = tally.hasher.intdigest()
             if checksum is not None and checksum != value:
                 raise BadDigest("the body does not match X-Kvgw-Checksum")
-            if tally.md5 is not None and tally.md5.digest() != md5:
+            if md5 is not None and tally.md5 is not None and tally.md5.digest() != md5:
                 raise BadDigest("the body does not match Content-MD5")
+            if not md5_mode:
+                md5_etag = None
+            elif md5_etag is None and tally.md5 is not None:
+                md5_etag = tally.md5.hexdigest()
             now = self._clock()
             ttl = ttl if ttl is not None else bucket.default_ttl_seconds
             meta = ChunkMeta(bucket.name, key, size, value, now, now + ttl if ttl else 0.0, parent,
-                             tuple(sorted((attrs or {}).items())))
+                             tuple(sorted((attrs or {}).items())), md5_etag)
             created = await staged.publish(meta)
         except backend.BackendError as exc:
             await staged.discard()
@@ -559,10 +571,11 @@ class ChunkService:
             if existing is None:
                 # Another write won, and its chunk was already evicted or deleted: to the client this
                 # is the same as "stored, then evicted". Report what the winner held as far as we know.
-                existing = ChunkInfo(bucket.name, key, size, value, now, meta.expires, bit)
+                existing = ChunkInfo.from_meta(meta, bit)
             return PutResult(False, existing)
         parent_digest = None if parent is None else chunk_digest(bucket.name, parent)
-        entry = IndexEntry(bucket.name, key, size, value, now, meta.expires, last_access=now, tiers=bit)
+        entry = IndexEntry(bucket.name, key, size, value, now, meta.expires, last_access=now, tiers=bit,
+                           md5_etag=md5_etag)
         replicate = bucket.write_through and bit == TierId.FS and self._s3 is not None
         if replicate and self._index.pending_count() >= self._settings.write_through_max_pending:
             replicate = False

@@ -50,6 +50,8 @@ class Bucket(Base):
     max_leased_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # revision 0007: whether zero-length objects are accepted (a KV-cache chunk is never empty)
     allow_empty_objects: Mapped[bool] = mapped_column(Boolean, default=False)
+    # ETag mode (revision 0008): "xxh3" or "md5" (backends.catalog.store.ETAG_MODES)
+    etag_mode: Mapped[str] = mapped_column(String(8), default="xxh3")
 
 
 class Credential(Base):

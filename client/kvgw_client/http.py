@@ -884,6 +884,7 @@ class KvgwClient:
 
         results = await self._direct.read_all(draw())
         taken: dict[int, tuple[int, Destination]] = {}
+        damaged: list[str] = []
         for (j, loc, dest), result in zip(jobs, results, strict=True):
             if result is ReadResult.OK:
                 data = dest.obj if into is None and isinstance(dest, memoryview) else None
@@ -896,8 +897,12 @@ class KvgwClient:
             self._policy.failures.failure("direct_read", result.value,
                                           f"{self._direct.root}/{loc.path}: fetching through the gateway")
             rest.append(j)
+            if result is ReadResult.MISMATCH:
+                damaged.append(keys[j])
             if into is not None:
                 taken[positions[j]] = (loc.size, dest)
+        if damaged:  # reported before the fetch, so the gateway answers from another copy (or a miss)
+            await self._report_damaged_now(damaged)
         rest.sort()
         if not taken or into is None:
             return done, rest, into
@@ -970,18 +975,18 @@ class KvgwClient:
             yield failure
 
     def _report_damaged(self, keys: list[str]) -> None:
-        """Tell the gateway which chunks arrived with bytes that do not match their checksum (one call,
-        in the background): it verifies its copy and quarantines it if damaged, so the next read is
-        served from another tier or is a miss. Best effort: a report that fails changes nothing."""
-        self.counters.add("damaged_reported", len(keys))
-
-        async def report() -> None:
-            with contextlib.suppress(KvgwClientError, aiohttp.ClientError, OSError, TimeoutError):
-                await self._post_attempt("damaged", "damaged", {"keys": keys}, lambda doc: doc)
-
-        task = asyncio.ensure_future(report())
+        """``_report_damaged_now``, in the background (the read that found the damage goes on)."""
+        task = asyncio.ensure_future(self._report_damaged_now(keys))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _report_damaged_now(self, keys: list[str]) -> None:
+        """Tell the gateway which chunks arrived with bytes that do not match their checksum (one call):
+        it verifies its copy and quarantines it if damaged, so the next read is served from another
+        tier or is a miss. Best effort: a report that fails changes nothing."""
+        self.counters.add("damaged_reported", len(keys))
+        with contextlib.suppress(KvgwClientError, aiohttp.ClientError, OSError, TimeoutError):
+            await self._post_attempt("damaged", "damaged", {"keys": keys}, lambda doc: doc)
 
     async def _ping(self) -> bool:
         ok = await self._probe_once()

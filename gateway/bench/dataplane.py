@@ -878,7 +878,7 @@ def best(cell: dict[str, Any]) -> tuple[str, str]:
 
 
 def render(cells: Sequence[dict[str, Any]]) -> str:
-    lines = [f"{'call':10} {'clients':>7} {'server':18} {'p50 ms':>8} {'p99 ms':>8} {'throughput':>16}"
+    lines = [f"{'call':10} {'clients':>7} {'server':22} {'p50 ms':>8} {'p99 ms':>8} {'throughput':>16}"
              f" {'server CPU':>15} {'p50 / base':>10} {'thr / base':>10} {'CPU / base':>10}"]
     for cell in cells:
         for name, f in cell["servers"].items():
@@ -887,7 +887,7 @@ def render(cells: Sequence[dict[str, Any]]) -> str:
             cpu = f"{f['cpu']:.3f} {cell['cpu_unit']}" if cell["call"] in BULK else f"{f['cpu']:.1f} {cell['cpu_unit']}"
             rs = ("" if ratio is None else
                   f" {ratio['p50']:10.2f} {ratio['throughput']:10.2f} {ratio['cpu']:10.2f}")
-            lines.append(f"{cell['call']:10} {cell['clients']:7d} {name:18} {f['p50_ms']:8.3f} {f['p99_ms']:8.2f} "
+            lines.append(f"{cell['call']:10} {cell['clients']:7d} {name:22} {f['p50_ms']:8.3f} {f['p99_ms']:8.2f} "
                          f"{thr:>16} {cpu:>15}{rs}")
         fastest, leanest = best(cell)
         lines.append(f"{'':10} {'':7} -> fastest: {fastest}; least CPU: {leanest}")

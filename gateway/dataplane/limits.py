@@ -4,8 +4,9 @@ that never completes, too many connections), in the form the client speaks.
 Every answer given here is a complete HTTP/1.1 response for a connection about to close
 (``connection: close``), with a request id: kvgw's JSON error (``{"error": {"code", "message",
 "request_id"}}``, ``x-kvgw-request-id``) for the native API and the control plane, S3's XML ``<Error>``
-(``x-amz-request-id``) for a request that looks like an S3 one (its target routes to the S3 API, or it
-carries a SigV4 ``Authorization``), so that an S3 SDK reports the error instead of a parse failure.
+(``x-amz-request-id``) for a request that looks like an S3 SDK's (SigV4's marks: an ``AWS4-``
+authorization, ``x-amz-`` headers, a presigned URL's ``X-Amz-`` parameters, so far as the request was
+parsed), so that an S3 SDK reports the error instead of failing to parse the answer.
 """
 
 from __future__ import annotations

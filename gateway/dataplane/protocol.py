@@ -154,13 +154,13 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def _looks_s3(self) -> bool:
-        """Whether the request being received is an S3 one (its errors then answer in S3's XML)."""
+        """Whether the request being received is an S3 SDK's (its errors then answer in S3's XML): it
+        carries SigV4's marks (an ``AWS4-`` authorization, an ``x-amz-`` header, ``X-Amz-`` query
+        parameters of a presigned URL) so far as it was parsed."""
         for name, value in self._headers:
-            if name == b"authorization" and value.startswith(b"AWS4-"):
+            if name.startswith(b"x-amz-") or (name == b"authorization" and value.startswith((b"AWS4-", b"AWS "))):
                 return True
-        if not self._url:
-            return False
-        return self.state.is_s3_path(bytes(self._url).partition(b"?")[0].decode("latin-1"))
+        return b"X-Amz-" in self._url or b"x-amz-" in self._url
 
     def shutdown(self) -> None:
         """The server is stopping: close now if idle, else once the current answer is complete."""

@@ -43,7 +43,6 @@ class ServerState:
     limits: ConnectionLimits
     lane: LookupLane | None = None
     access_log: bool = False
-    is_s3_path: Callable[[str], bool] = lambda path: False  # answers below the API in S3's XML
     clock: Callable[[], float] = time.perf_counter
     connections: set[Connection] = field(default_factory=set)
     open_by_client: collections.Counter[str] = field(default_factory=collections.Counter)

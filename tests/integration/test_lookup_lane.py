@@ -76,8 +76,7 @@ def serving(tmp_path: Path, *, access_log: bool = False) -> Iterator[LaneServer]
                         access_log=access_log)
     gateway_app = create_app(settings)
     app = CountingApp(gateway_app)
-    state = ServerState(app, ConnectionLimits(header_timeout=1.0), lane=gateway_app.lane, access_log=access_log,
-                        is_s3_path=lambda path: gateway_app.api_of(path) == "s3")
+    state = ServerState(app, ConnectionLimits(header_timeout=1.0), lane=gateway_app.lane, access_log=access_log)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

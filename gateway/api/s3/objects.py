@@ -6,9 +6,11 @@ key that exists keeps its bytes and the answer carries the stored ETag), GetObje
 ``x-amz-checksum-*`` values) goes into the chunk's attrs and comes back on GET/HEAD; checksums only
 when the client asks (``x-amz-checksum-mode: ENABLED``) and only for whole-object answers.
 
-The ETag is the chunk's xxh3-64 (``"<16 hex>"``), the same through both APIs: not an MD5, which
-no client here checks it against (botocore, the aws CLI, awscrt and rclone treat a 16-hex ETag as
-opaque).
+ETags follow the bucket's mode (``kvgw bucket create|update --etag``): in an ``xxh3`` bucket (the
+default) the chunk's xxh3-64 (``"<16 hex>"``), the same as the native API's, which no engine checks
+against an MD5 (botocore, the aws CLI, awscrt and rclone treat a 16-hex ETag as opaque); in an ``md5``
+bucket S3's own (``ChunkInfo.s3_etag``: the MD5 of the body, computed while it streams), which
+``aws s3 sync`` and rclone compare with the MD5 of their files.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def check_read_conditions(call: Call, info: ChunkInfo) -> None:
     modified = float(int(info.created))
     if_match = call.header("if-match")
     if if_match is not None:
-        if not etag_matches(if_match, info.etag):
+        if not etag_matches(if_match, info.s3_etag):
             raise S3Error("PreconditionFailed", Condition="If-Match")
     else:
         since = _http_time(call.header("if-unmodified-since"))
@@ -139,7 +141,7 @@ def check_read_conditions(call: Call, info: ChunkInfo) -> None:
             raise S3Error("PreconditionFailed", Condition="If-Unmodified-Since")
     if_none = call.header("if-none-match")
     if if_none is not None:
-        if etag_matches(if_none, info.etag):
+        if etag_matches(if_none, info.s3_etag):
             raise _not_modified(info)
     else:
         since = _http_time(call.header("if-modified-since"))
@@ -155,7 +157,7 @@ def _check_version(call: Call) -> None:
 
 
 def _not_modified(info: ChunkInfo) -> S3Error:
-    return S3Error("NotModified", headers={"ETag": info.etag, "Last-Modified": http_date(info.created)})
+    return S3Error("NotModified", headers={"ETag": info.s3_etag, "Last-Modified": http_date(info.created)})
 
 
 class ObjectHandlers:
@@ -194,7 +196,7 @@ class ObjectHandlers:
             return
         self.gw.attrs.put(result.info, dict(attrs))
         headers = call.headers()
-        headers.append((b"etag", result.info.etag.encode()))
+        headers.append((b"etag", result.info.s3_etag.encode()))
         headers.extend(checksum_headers(attrs))
         await call.respond(200, headers)
 
@@ -207,13 +209,13 @@ class ObjectHandlers:
         if if_match is not None:
             if existing is None:
                 raise NoSuchChunk()
-            if not etag_matches(if_match, existing.etag):
+            if not etag_matches(if_match, existing.s3_etag):
                 raise S3Error("PreconditionFailed", Condition="If-Match")
 
     async def _existing(self, call: Call, info: ChunkInfo) -> None:
         """Write-once: the key keeps its chunk; the answer is a success carrying the stored ETag."""
         headers = call.headers()
-        headers.append((b"etag", info.etag.encode()))
+        headers.append((b"etag", info.s3_etag.encode()))
         if not await call.req.drain(DRAIN_LIMIT):
             headers.append((b"connection", b"close"))
         await call.respond(200, headers)
@@ -268,7 +270,7 @@ class ObjectHandlers:
                         whole: bool) -> list[tuple[bytes, bytes]]:
         headers = call.headers()
         headers += [
-            (b"etag", info.etag.encode()),
+            (b"etag", info.s3_etag.encode()),
             (b"last-modified", http_date(info.created).encode()),
             (b"accept-ranges", b"bytes"),
         ]
