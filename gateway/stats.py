@@ -8,7 +8,6 @@ usage and the cluster's own summary; no storage is touched.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from typing import Any
 
 from backends.tiers import TierId
@@ -37,6 +36,6 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         # lookup here: NFS / FUSE negative caches): retried, and given up on after fs_visibility_seconds
         "fs_hidden": {"seen": gateway.fs.hidden_seen, "refused": gateway.fs.hidden_refused},
         "write_through_skipped": gateway.service.write_through_skipped,
-        "leases": asdict(gateway.leases.stats),  # read leases this process granted, and the lifecycle left
+        "leases": gateway.leases.report(),  # read leases this process granted, and the lifecycle left
         "cluster": gateway.cluster.stats(),  # usage of the whole tier (all gateways), feed, member
     }

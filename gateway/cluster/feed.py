@@ -727,34 +727,18 @@ class FeedSubscriber:
 
 async def listen(db: ClusterDB, subscriber: FeedSubscriber) -> None:
     """Wake the subscriber on every ``NOTIFY`` of the feed channel (PostgreSQL); reconnects forever."""
-    import psycopg
 
-    dsn = db.listen_dsn()
-    if dsn is None:
-        return
-    backoff = 0.5
-    while True:
-        try:
-            conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True,
-                                                         connect_timeout=5)
-            async with conn:
-                await conn.execute(f"LISTEN {db.channel}")
-                subscriber.listening = True
-                subscriber.wake()  # catch up on what was published while not listening
-                backoff = 0.5
-                async for note in conn.notifies():
-                    if note.payload.rpartition(" ")[2] != subscriber.index_token:
-                        subscriber.wake()  # events of this index's own processes wait for the poll
-        except asyncio.CancelledError:
-            subscriber.listening = False
-            raise
-        except Exception as exc:  # the poll keeps the feed going meanwhile
-            if subscriber.listening:
-                log.warning("cluster feed: LISTEN connection lost (%s); polling every %.2f s until it is back",
-                            type(exc).__name__, subscriber.poll_seconds)
-            subscriber.listening = False
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 10.0)
+    def note(payload: str) -> None:
+        if payload.rpartition(" ")[2] != subscriber.index_token:
+            subscriber.wake()  # events of this index's own processes wait for the poll
+
+    def state(up: bool) -> None:
+        subscriber.listening = up
+        if up:
+            subscriber.wake()  # catch up on what was published while not listening
+
+    await db.listen(db.channel, note, state, what=f"cluster feed (polling every {subscriber.poll_seconds:.2f} s "
+                                                  "until it is back)")
 
 
 # -- retention -------------------------------------------------------------------------------------

@@ -116,6 +116,7 @@ class LifecycleEngine:
         self.totals = PassReport()
         self._waiting: dict[tuple[str, TierId], str] = {}  # (bucket, tier) over its watermark: why it stays
         self._draining: set[tuple[str, TierId]] = set()  # passed the high watermark, not yet down to the low
+        self._lease_trouble = ""  # why the last claim came to nothing
 
     @property
     def waiting(self) -> dict[str, str]:
@@ -235,6 +236,11 @@ class LifecycleEngine:
                 claimed |= await self._leases.claim(bucket, members)
         except LeaseUnavailable as exc:
             report.errors.append(f"lease table unreachable, nothing removed: {exc}")
+            self._lease_trouble = str(exc)
+            await self._settle(kept=list(claimed))
+            return None
+        if not self._fenced():  # a claim waits for the granting processes: the term may have run short
+            self._lease_trouble = "the leadership term ran short while the claim was acknowledged"
             await self._settle(kept=list(claimed))
             return None
         report.leased += len(digests) - len(claimed)
@@ -332,6 +338,7 @@ class LifecycleEngine:
             done += len(batch)
             claimed = await self._claim([(c.key, e) for c, _, e in batch], report)
             if claimed is None:
+                self._waiting[key] = f"removals wait for the read-lease table: {self._lease_trouble}"
                 break
             leased.update(c.key for c, _, _ in batch if c.key not in claimed)
             batch = [victim for victim in batch if victim[0].key in claimed]
