@@ -11,6 +11,8 @@
     POST   /v1/buckets/{bucket}/touch           {"keys": [...]} -> {"touched": n} (reads done elsewhere)
     POST   /v1/buckets/{bucket}/locate          {"keys": [...]} -> {"chunks": [location | null, ...]}
     POST   /v1/buckets/{bucket}/list            {"prefix", "after", "limit"} -> {"keys": [...], "truncated"}
+    POST   /v1/buckets/{bucket}/changes         {"prefix", "after", "limit"} -> {"changes": [...], "cursor",
+                                                 "head", "reset"} (the change stream: gateway.cluster.changes)
     POST   /v1/buckets/{bucket}/damaged         {"keys": [...]} -> {"quarantined": n} (a verifying reader's report)
 
 GET and batch-get from a client that sends ``x-kvgw-verify: xxh3`` (it checks every chunk against its
@@ -67,6 +69,7 @@ from gateway.api.http import (
 )
 from gateway.buckets import check_chunk_size
 from gateway.chunks import ChunkBody, ChunkInfo, ChunkLocation
+from gateway.cluster.changes import MAX_CHANGES, ChangeStream
 from gateway.errors import (
     InternalError,
     InvalidKey,
@@ -139,11 +142,14 @@ LookupCounter = Callable[[str, int, int], None]
 
 class NativeAPI:
     def __init__(self, service: ChunkService, directory: Directory, *, body_idle_timeout: float = 60.0,
-                 lookups: LookupCounter = lambda op, hits, misses: None) -> None:
+                 lookups: LookupCounter = lambda op, hits, misses: None,
+                 changes: ChangeStream | None = None) -> None:
         """``body_idle_timeout``: seconds a PUT body may stall before the upload is dropped;
-        ``lookups(op, hits, misses)`` is told the outcome of every HEAD, exists and prefix (metrics)."""
+        ``lookups(op, hits, misses)`` is told the outcome of every HEAD, exists and prefix (metrics);
+        ``changes``: the change stream (None when the cluster feed is off: ``changes`` is then refused)."""
         self.service = service
         self.directory = directory
+        self.changes = changes
         self.body_idle_timeout = body_idle_timeout
         self._lookups = lookups
         self._chunk_handlers: dict[str, Handler] = {
@@ -160,6 +166,7 @@ class NativeAPI:
             "touch": self._touch,
             "locate": self._locate,
             "list": self._list,
+            "changes": self._changes,
             "damaged": self._damaged,
         }
         # what the lookup lane (``gateway.dataplane.lane``) may answer without an ASGI request cycle
@@ -460,6 +467,26 @@ class NativeAPI:
         page = await self.service.list_page(bucket, prefix=prefix, after=after, max_keys=limit)
         await self._send_json(req, send, {"keys": [info.key for info in page.contents],
                                           "truncated": page.truncated})
+
+    async def _changes(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """The bucket's changes under a prefix after a cursor (``gateway.cluster.changes``): what other
+        clients stored and what the lifecycle removed. ``after`` null: from now on (the answer's cursor
+        is the feed's head)."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        doc = await req.read_json(MAX_JSON_BYTES)
+        prefix = doc.get("prefix", "") if isinstance(doc, dict) else None
+        after = doc.get("after") if isinstance(doc, dict) else None
+        limit = doc.get("limit", MAX_CHANGES) if isinstance(doc, dict) else None
+        if (not isinstance(prefix, str) or not (after is None or (isinstance(after, int) and not isinstance(after, bool)
+                                                                   and after >= 0))
+                or isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES):
+            raise InvalidRequest(f'body must be {{"prefix": string, "after": cursor >= 0 or null, '
+                                 f'"limit": 1..{MAX_CHANGES}}}')
+        if self.changes is None:
+            raise InvalidRequest("the change stream needs the cluster feed, which this gateway runs without "
+                                 "(KVGW_CLUSTER_ENABLED=false)")
+        page = await self.changes.page(bucket.name, prefix, after, limit)
+        await self._send_json(req, send, page.doc())
 
     async def _send_json(self, req: Request, send: Send, doc: Any) -> None:
         headers = self._base_headers(req)
