@@ -254,7 +254,9 @@ def test_cluster_status_shows_members_feed_and_usage(launch: Launch, cluster_env
     wait_for(lambda: {m["url"] for m in json.loads(_kvgw(env, "cluster", "status", "--json", "--data-dir",
                                                          str(tmp_path / "cli")).stdout)["members"]} == {a.url},
              "b left")
-    # an explicit recount of the usage ledger from the tier agrees with the ledger
+    # an explicit recount of the usage ledger from the tier agrees with the ledger (a command that opens
+    # the tiers needs an existing data dir: only `kvgw serve` makes one)
+    (tmp_path / "cli").mkdir(exist_ok=True)
     recount = _kvgw(env, "cluster", "reconcile", "--data-dir", str(tmp_path / "cli"))
     assert recount.returncode == 0, recount.stderr
     assert json.loads(recount.stdout.splitlines()[0]) == {"bucket": "kvcache", "tier": "fs", "bytes": 4096,
