@@ -351,9 +351,10 @@ class ChunkService:
         return start
 
     def exists_leased_now(self, bucket: BucketPolicy, keys: Sequence[str],
-                          lease_ms: int) -> tuple[list[bool], LeaseGrant] | None:
-        """``exists_now`` and ``lease_now`` of its hits in one index pass: what exists answers (the
-        chunks being removed answered absent) and the grant; None when only the async calls can tell."""
+                          lease_ms: int) -> tuple[list[bool], tuple[LeaseGrant, set[str]]] | None:
+        """``exists_now`` and ``lease_now`` of its hits in one index pass (the lease's bytes read with the
+        hits): what ``exists_now`` answers, and what ``lease_now`` answers; None when only the async calls
+        can tell. Event loop; never blocks."""
         if self._leases is None:
             return None
         digests = self._digests(bucket, keys)
@@ -370,14 +371,12 @@ class ChunkService:
                                        cap_bytes=bucket.leased_bytes_cap())
         if grant is None:
             return None
-        if grant.gone:
-            found = [hit and digest not in grant.gone for digest, hit in zip(digests, found, strict=True)]
-        return found, grant
+        return found, (grant, _keys_of(grant.gone, keys, digests))
 
     def prefix_leased_now(self, bucket: BucketPolicy, keys: Sequence[str],
-                          lease_ms: int) -> tuple[int, LeaseGrant] | None:
-        """``prefix_now`` and ``lease_now`` of the run it found in one index pass (a run stops at a chunk
-        being removed too); None when only the async calls can tell."""
+                          lease_ms: int) -> tuple[int, tuple[LeaseGrant, set[str]]] | None:
+        """``prefix_now`` and ``lease_now`` of the run it found in one index pass: what each answers;
+        None when only the async calls can tell. Event loop; never blocks."""
         if self._leases is None:
             return None
         digests = self._digests(bucket, keys)
@@ -390,9 +389,7 @@ class ChunkService:
         if grant is None:
             return None
         asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
-        if grant.gone:
-            length = next(i for i, digest in enumerate(digests) if digest in grant.gone)
-        return length, grant
+        return length, (grant, _keys_of(grant.gone, keys, digests))
 
     def lease_now(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]] | None:
         """``lease`` without waiting (a plain call the lookup path makes inline): None when only
@@ -405,8 +402,7 @@ class ChunkService:
                                        max_lease_ms=bucket.max_lease_ms, cap_bytes=bucket.leased_bytes_cap())
         if grant is None:
             return None
-        return grant, ({key for key, digest in zip(keys, digests, strict=True) if digest in grant.gone}
-                       if grant.gone else set())
+        return grant, _keys_of(grant.gone, keys, digests)
 
     async def lease(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]]:
         """Read-lease the chunks of ``keys``, which a lookup found just now (``gateway.leases``).
@@ -1041,3 +1037,7 @@ def _scan_listing(index: ChunkIndex, bucket: str, *, prefix: str, delimiter: str
             return page
         cursor = entries[-1].key + "\x00"
 
+
+def _keys_of(gone: frozenset[bytes], keys: Sequence[str], digests: Sequence[bytes]) -> set[str]:
+    """The keys of the ``gone`` digests (a lease found them being removed: answered absent)."""
+    return {key for key, digest in zip(keys, digests, strict=True) if digest in gone} if gone else set()
