@@ -10,19 +10,17 @@ sets of 64 chunks of 1 KiB. On one keep-alive connection, in ``--rounds`` rounds
   take fresh sets of their own;
 - **again**: every call looks up the same 64 chunks (a lease that is extended).
 
-Each configuration runs twice: with the lookup lane (the default: unleased lookups are answered inside
-the HTTP protocol; leased ones are handed to the ASGI path until the lane grants leases itself) and
-without it (``KVGW_LOOKUP_LANE=false``: both on the ASGI path, so the ratio is the lease's own cost).
+Each configuration runs twice: with the lookup lane (the default: leased and plain lookups alike are
+answered inside the HTTP protocol, the lease granted in memory; a leased lookup that must wait for a
+lease sync goes to the ASGI path) and without it (``KVGW_LOOKUP_LANE=false``: both on the ASGI path).
 Reported per configuration: p50 of each side over all calls, the median over rounds of the per-round
 p50 ratio leased / plain, and server CPU per call (from ``/proc/<pid>/task/*/schedstat``, nanoseconds,
 read around each call: the median is the call's own; the mean adds what background threads did
 meanwhile, such as lease syncs and the feed publishing the chains fresh prefix calls reveal).
 
-Then, in this process, the calls a lookup lane makes for the same lookups (``exists_now`` /
+Then, in this process, the calls the lookup lane makes for the same lookups (``exists_now`` /
 ``prefix_now`` against ``exists_leased_now`` / ``prefix_leased_now``) on a gateway of its own, timed
-call by call in alternating pairs: what a leased lookup adds to the index work once the lane answers it
-(today the lane hands leased lookups to the ASGI path), and the lane's ratio that would give, modelled
-as that difference added to the lane's measured plain p50.
+call by call in alternating pairs: what a lease adds to the lane's index work, without HTTP.
 Compare within one run only (BENCHMARKS.md).
 """
 
@@ -218,7 +216,7 @@ def report(results: dict[str, Any]) -> str:
              "(PostgreSQL catalog)"]
     for lane, rows in results["lanes"].items():
         lines.append("")
-        lines.append("with the lookup lane (the default; leased lookups are handed to the ASGI path)" if lane == "lane"
+        lines.append("with the lookup lane (the default)" if lane == "lane"
                      else "without the lookup lane (KVGW_LOOKUP_LANE=false: both on the ASGI path)")
         lines.append(f"  {'lookup':<14} {'p50 leased':>10} {'plain':>9} {'p99 leased':>11} {'plain':>9} "
                      f"{'server CPU/call, median':>24} {'mean':>15}  ratio (median of rounds, range)  target {TARGET}x")
@@ -241,11 +239,6 @@ def report(results: dict[str, Any]) -> str:
             lines.append(f"  {label:<14} leased {row['us']['leased']:6.1f} µs  plain {row['us']['plain']:6.1f} µs  "
                          f"(+{extra:.1f} µs)  ratio {row['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}); "
                          f"{row['waited']} leased calls waited for a sync")
-            lane_rows = results["lanes"].get("lane", {})
-            if label in lane_rows:
-                plain_p50 = 1000 * lane_rows[label]["p50_ms"]["plain"]
-                lines.append(f"  {'':<14} a lane answering it would add that to the lane's plain p50 "
-                             f"({plain_p50:.0f} µs): {(plain_p50 + extra) / plain_p50:.2f}x (modelled, not measured)")
     return "\n".join(lines) + "\n"
 
 
