@@ -243,7 +243,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench leases", description=__doc__,
+    parser = argparse.ArgumentParser(prog="kvgw bench leases", description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", default="prefix", help="lookups to measure (comma-separated: prefix, exists)")
     parser.add_argument("--rounds", type=int, default=10, help="alternating rounds per configuration")
