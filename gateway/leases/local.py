@@ -291,10 +291,6 @@ class LocalLeases:
                     if capped:
                         self._used[bucket] = max(0, self._used.get(bucket, 0) - size)
 
-    def held(self) -> bool:
-        """Whether there is anything to write."""
-        return bool(self._pending or self._releases or self._demand or self._horizon_wanted != self.horizon_ms)
-
     def want(self, wait: Wait) -> None:
         """Ask the next sync for what ``wait`` lacks."""
         with self._lock:
