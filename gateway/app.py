@@ -178,7 +178,7 @@ class GatewayApp:
         self.registry.register(ReadinessCollector(lambda: self.readiness.last))
         self.loop_watch = LoopWatch(self.registry, threshold=settings.loop_stall_seconds)
         native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
-                           lookups=self.metrics.count_lookup)
+                           lookups=self.metrics.count_lookup, changes=gateway.changes)
         calls = native.calls
         self.native = self.metrics.wrap("native", native,
                                         lambda scope: native_op(scope["method"], scope["path"], calls))

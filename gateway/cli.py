@@ -373,8 +373,9 @@ BENCHMARKS = {
     "sglang": "gateway.bench.sglang",  # SGLang HiCache L3: kvgw's backend, SGLang's S3 and file backends
     "head": "gateway.bench.head",  # S3 HEAD rate at 8 and 64 clients (vLLM's object tier) against a FastAPI route
     "s3-outage": "gateway.bench.s3_outage",  # exists / PUT / S3-only GET latency with S3 hung or dead
-    "floor": "gateway.bench.floor",  # where a small call's server CPU goes: socket, uvicorn, kvgw, in process
+    "floor": "gateway.bench.floor",  # where a small call's server CPU goes: socket, request cycle, kvgw, in process
     "cluster": "gateway.bench.cluster",  # RSS at 1M chunks, coordination cost, feed lag, --workers scaling
+    "vllm": "gateway.bench.vllm_tiers",  # vLLM's tiering manager: kvgw's tier, vLLM's fs and obj tiers
     "dataplane": "gateway.bench.dataplane",  # issue 31: uvicorn+ASGI, an own httptools protocol, granian RSGI
     "etag": "gateway.bench.etag",  # what an MD5-mode bucket costs a PUT, against an xxh3 one
     "leases": "gateway.bench.leases",  # 64-key lookups with a read lease against the same without

@@ -32,6 +32,7 @@ from gateway import datadir
 from gateway.access import Directory, anonymous_principal
 from gateway.buckets import new_bucket_policy
 from gateway.cluster import Cluster
+from gateway.cluster.changes import ChangeStream
 from gateway.cluster.leader import Leadership, LeaseStore, SoleLeader
 from gateway.config import ConfigurationError, Settings, is_fernet_key
 from gateway.leases import MAX_LEASE_MS, LeaseBook
@@ -222,6 +223,9 @@ class Gateway:
         # the cluster: publishes every tier change to the feed, applies other gateways' to the index
         self.cluster = Cluster(settings, self.catalog.url, self.index, self.tiers, local=self.ledgers,
                                local_usage=self.ledgers.usage, clock=clock)
+        # the change stream clients follow (stored / removed per bucket and prefix), read from the feed
+        self.changes = (ChangeStream(self.cluster.db, self.index, self.cluster.subscriber.index_token)
+                        if self.cluster.enabled else None)
         # read leases between lookup and load: granted in memory, shared through the catalog database
         self.leases = LeaseBook(self.cluster.db, self.cluster.member, sync_seconds=settings.lease_sync_seconds,
                                 clock=clock)

@@ -46,6 +46,7 @@ from yarl import URL
 from kvgw_client import keys as keyrules
 from kvgw_client import wire
 from kvgw_client.blocking import BlockingClient
+from kvgw_client.changes import ChangePage, parse_change_page
 from kvgw_client.config import ClientSettings
 from kvgw_client.direct import DirectReader, Location, ReadResult, parse_locations
 from kvgw_client.errors import (
@@ -407,6 +408,53 @@ class KvgwClient:
                 deadline=timeout,
             )
         )
+
+    async def changes(
+        self,
+        prefix: str = "",
+        *,
+        after: int | None = None,
+        limit: int = 1000,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> ChangePage | None:
+        """One page of the bucket's change stream under ``prefix`` after cursor ``after`` (None: from now
+        on; ``kvgw_client.changes``). quiet: None on failure."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        body: dict[str, object] = {"prefix": prefix, "after": after, "limit": limit}
+        return await self._io.run(
+            self._policy.op(
+                "changes", lambda: self._post_doc("changes", "changes", body, parse_change_page), quiet=quiet,
+                fallback=None, deadline=timeout,
+            )
+        )
+
+    async def put_many(
+        self,
+        keys: Sequence[str],
+        bodies: Sequence[Payload],
+        *,
+        parents: Sequence[str | None] | None = None,
+        ttl: int | None = None,
+        timeout: float | None = None,
+    ) -> list[PutOutcome]:
+        """Store a run of chunks, all in flight at once (``write_concurrency`` at a time), each naming
+        its parent (``parents``, e.g. ``ParentMap.parents_of_run``): the engines' stores. Quiet: a
+        chunk that failed is ``PutOutcome.FAILED``; nothing raises for the gateway's sake. Each body is
+        read until this returns, and not after."""
+        if parents is None:
+            parents = [None] * len(keys)
+        if not len(keys) == len(bodies) == len(parents):
+            raise ValueError(f"{len(keys)} keys, {len(bodies)} bodies and {len(parents)} parents")
+        return await self._io.run(self._put_many(list(keys), list(bodies), list(parents), ttl, timeout))
+
+    async def _put_many(self, keys: list[str], bodies: list[Payload], parents: list[str | None], ttl: int | None,
+                        timeout: float | None) -> list[PutOutcome]:
+        return list(await asyncio.gather(*(
+            self.put(k, b, parent=p, ttl=ttl, quiet=True, timeout=timeout)
+            for k, b, p in zip(keys, bodies, parents, strict=True)
+        )))
 
     async def aclose(self) -> None:
         if self._closed:

@@ -190,8 +190,9 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         if self.settings.skip_existing:
             present = self._client.blocking.exists(names, quiet=True, timeout=self.settings.lookup_timeout)
         todo = [i for i, p in enumerate(present) if not p]
-        outcomes = self._client.io.call(self._put_all(
-            [names[i] for i in todo], [bodies[i] for i in todo], [parents[i] for i in todo]))
+        outcomes = self._client.io.call(self._client.put_many(
+            [names[i] for i in todo], [bodies[i] for i in todo], parents=[parents[i] for i in todo],
+            ttl=self.settings.ttl, timeout=self.settings.io_timeout))
         ok = list(present)
         for i, outcome in zip(todo, outcomes, strict=True):
             ok[i] = outcome is not PutOutcome.FAILED
@@ -199,15 +200,6 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._count("set.existed", len(names) - len(todo))
         self._count("set.failed", ok.count(False))
         return ok
-
-    async def _put_all(
-        self, names: list[str], bodies: Sequence[Payload], parents: list[str | None]
-    ) -> list[PutOutcome]:
-        timeout = self.settings.io_timeout
-        return list(await asyncio.gather(*(
-            self._client.put(n, b, parent=p, ttl=self.settings.ttl, quiet=True, timeout=timeout)
-            for n, b, p in zip(names, bodies, parents, strict=True)
-        )))
 
     # ------------------------------------------------------------------ lookups
 

@@ -25,7 +25,8 @@ Two gateways on the same disk, fsync on both: ``buffered`` (kvgw's defaults) and
 
 Then every chunk is deleted. Each figure is the median over rounds; the ratios (direct / buffered) are
 medians of per-round ratios. Read phases report the batch's p50 (the load an engine waits for), MB/s
-over the phase and the gateway's CPU per GiB over the reader process's life.
+over the phase and the gateway's CPU per GiB over the reader process's life (every gateway thread's,
+from ``schedstat`` in nanoseconds: a phase moves a few hundred MB, too little for clock ticks).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from typing import Any
 from gateway.bench.io import BUCKET, DIRECT_WRITES, chunk_target, kvgw_server
 from gateway.bench.launcher import KvgwProcess, drop_page_cache, files_under
 from gateway.bench.loadgen import LoadRequest, run_load
-from gateway.bench.procstat import total_cpu_seconds
+from gateway.bench.procstat import task_cpu_seconds
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -161,12 +162,12 @@ def read_in_fresh_process(gateway: Gateway, keys: Sequence[str], batch: int,
                           chunk_bytes: int) -> tuple[dict[str, Any], float]:
     """``read_keys`` in a new Python process (one that wrote none of these chunks); its answer and the
     gateway's CPU seconds over the process's life."""
-    cpu0 = total_cpu_seconds(gateway.process.pids())
+    cpu0 = task_cpu_seconds(gateway.process.pids())
     done = subprocess.run(
         [sys.executable, "-m", "gateway.bench.first_read", "--read-from", gateway.process.url, "--batch", str(batch),
          "--chunk-mib", str(chunk_bytes // MiB), *keys],
         capture_output=True, text=True, check=False, timeout=600)
-    cpu = total_cpu_seconds(gateway.process.pids()) - cpu0
+    cpu = task_cpu_seconds(gateway.process.pids()) - cpu0
     if done.returncode != 0:
         raise RuntimeError(f"reader failed ({done.returncode}): {done.stderr[-2000:]}")
     answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -178,9 +179,9 @@ def read_in_fresh_process(gateway: Gateway, keys: Sequence[str], batch: int,
 def put_set(gateway: Gateway, keys: Sequence[str], rnd: int) -> Phase:
     payload = gateway.payload
     reqs = [LoadRequest("PUT", chunk_target(k), body=payload, expect=(201,)) for k in keys]
-    cpu0 = total_cpu_seconds(gateway.process.pids())
+    cpu0 = task_cpu_seconds(gateway.process.pids())
     stats = run_load(gateway.process.address, lambda i, seq: reqs[seq], 1, count=len(reqs))
-    cpu = total_cpu_seconds(gateway.process.pids()) - cpu0
+    cpu = task_cpu_seconds(gateway.process.pids()) - cpu0
     return Phase(gateway.name, PUT, rnd, stats.bytes, stats.elapsed, stats.percentile(0.5), cpu, errors=stats.errors)
 
 

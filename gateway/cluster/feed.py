@@ -104,12 +104,14 @@ REMOVED_KINDS: dict[str, Kind] = {"deleted": Kind.DELETED, "evicted": Kind.EVICT
 # detail of an add: checksum, created, key length, key, then the parent's digest (16 bytes) if any, then
 # the MD5 ETag (``_MD5_MARK`` + ``backends.base.pack_md5_etag``) if the chunk has one: what follows the
 # key is told apart by its length (0, 16, 20 or 36 bytes); of a removal: checksum, created of the
-# incarnation removed, when the remover knew it
+# incarnation removed, when the remover knew it, then its key length and key (readers before the
+# change stream read the first 16 bytes only: compatible both ways)
 _ADD_DETAIL = struct.Struct("<QdH")
 _MD5_MARK = b"M5"
 _MD5_TAIL = len(_MD5_MARK) + MD5_ETAG_BYTES
 _SHIPPED_LINKS = 65536  # links remembered as shipped (a bounded memory, whatever the number of chunks)
 _REMOVE_DETAIL = struct.Struct("<Qd")
+_KEY_LENGTH = struct.Struct("<H")
 
 
 @dataclass(slots=True)
@@ -145,7 +147,31 @@ def add_detail(info: ChunkInfo, parent: bytes | None) -> bytes:
 
 
 def removal_detail(info: ChunkInfo | None) -> bytes | None:
-    return None if info is None else _REMOVE_DETAIL.pack(info.checksum, info.created)
+    if info is None:
+        return None
+    key = info.key.encode()
+    return _REMOVE_DETAIL.pack(info.checksum, info.created) + _KEY_LENGTH.pack(len(key)) + key
+
+
+def detail_key(kind: int, detail: bytes | None) -> str | None:
+    """The key a feed row names in its detail: every add's; a removal's when its remover knew it (and
+    published it: rows written before the change stream existed carry none). None otherwise."""
+    if detail is None:
+        return None
+    try:
+        if kind in ADDS and len(detail) >= _ADD_DETAIL.size:
+            _, _, key_len = _ADD_DETAIL.unpack_from(detail)
+            start = _ADD_DETAIL.size
+        elif kind in REMOVALS and len(detail) >= _REMOVE_DETAIL.size + _KEY_LENGTH.size:
+            (key_len,) = _KEY_LENGTH.unpack_from(detail, _REMOVE_DETAIL.size)
+            start = _REMOVE_DETAIL.size + _KEY_LENGTH.size
+        else:
+            return None
+        if len(detail) < start + key_len:
+            return None
+        return detail[start : start + key_len].decode()
+    except (struct.error, UnicodeDecodeError):
+        return None
 
 
 def to_change(kind: int, bucket: str, digest: bytes, tier: int, size: int, expires: float, at: float,

@@ -575,22 +575,10 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         parents = self._parents.parents_of_run(names)
         self._parents.learn(names)
         bodies = [self._body(obj) for obj in memory_objs]
-        outcomes = await self._client.io.run(self._put_all(names, bodies, parents))
+        outcomes = await self._client.put_many(names, bodies, parents=parents, ttl=self.settings.ttl)
         failed = sum(1 for o in outcomes if o is PutOutcome.FAILED)
         if failed:
             self._client.counters.add("lmcache.put_failed", failed)
-
-    async def _put_all(
-        self, names: Sequence[str], bodies: Sequence[Payload], parents: Sequence[str | None]
-    ) -> list[PutOutcome]:
-        return list(
-            await asyncio.gather(
-                *(
-                    self._client.put(n, b, parent=p, ttl=self.settings.ttl, quiet=True)
-                    for n, b, p in zip(names, bodies, parents, strict=True)
-                )
-            )
-        )
 
     # ------------------------------------------------------------------ the rest
 
