@@ -21,7 +21,7 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -90,10 +90,15 @@ class Settings(BaseSettings):
     default_capacity_fraction: float = 0.9  # a new bucket's fs-tier capacity: this share of the filesystem (0: none)
 
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
-    fs_direct_writes: bool = False  # chunk data written around the page cache (O_DIRECT): cheap PUTs, cold first reads
+    # chunk data written around the page cache (O_DIRECT): a PUT costs ~0.3x the CPU, a same-host first read
+    # comes from the disk (BENCHMARKS.md, "kvgw bench first-read"); off where that first read matters more
+    fs_direct_writes: bool = True
     fs_visibility_seconds: float = 5.0  # how long an operation on a chunk file its directory lists but this host's
     # lookups do not see yet (another host created it after a lookup here: NFS/FUSE negative caches) retries
-    verify_reads: bool = True  # check a chunk's checksum before serving its first byte
+    verify_reads: bool = True  # check a chunk's checksum before serving its first byte (to readers that do not)
+    # chunk bytes for readers that verify them: "auto" sendfile(2) to peers off this host, a populated mapping
+    # written to loopback peers (cheaper there: BENCHMARKS.md, "kvgw bench io"); "always"; "never"
+    send_files: Literal["auto", "always", "never"] = "auto"
     loop_stall_seconds: float = 1.0  # log where the event loop is when it runs nothing this long (0: no watch)
     # answer index-only HEAD / exists / prefix inside the HTTP protocol (gateway.dataplane.lane)
     lookup_lane: bool = True

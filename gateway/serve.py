@@ -178,7 +178,7 @@ def run_worker(settings: Settings, app: Any, sock: socket.socket) -> int:
     if settings.tls_cert:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None)
-    state = ServerState(app, limits, lane=app.lane, access_log=settings.access_log)
+    state = ServerState(app, limits, lane=app.lane, access_log=settings.access_log, send_files=settings.send_files)
     server = HttpServer(state, ssl_context=context, shutdown_grace=max(1.0, settings.shutdown_grace_seconds))
     return run(server, sock)
 

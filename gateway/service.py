@@ -832,7 +832,7 @@ class ChunkService:
             if release is not None:
                 start = 0 if verify else offset
                 data = await tier.read(digest, start, whole, checksum=info.checksum if verify else None)
-                if verify and len(data) != info.size:
+                if len(data) != whole:  # a torn file (a power loss with fsync off): never a partial answer
                     raise backend.ChunkCorrupt("short read")
                 if offset != start or length != len(data):
                     data = memoryview(data)[offset - start : offset - start + length]

@@ -30,6 +30,7 @@ import asyncio
 import collections
 import concurrent.futures
 import errno
+import ipaddress
 import logging
 import os
 import select
@@ -52,6 +53,21 @@ SENDERS = 16  # threads sending files at once (each holds one response until its
 _SENDERS = concurrent.futures.ThreadPoolExecutor(SENDERS, thread_name_prefix="kvgw-send")
 INLINE_SEND_BYTES = 64 * 1024  # files up to this size are read and written on the event loop
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.4"}
+
+
+def sends_files(mode: str, client: tuple[str, int] | None) -> bool:
+    """Whether a connection offers ``sendfile`` answers (``Settings.send_files``). "auto": to peers on
+    other hosts only. Over loopback the kernel copies the bytes anyway, and writing a populated mapping
+    of the chunk cost ~0.67x the server CPU of sendfile per 8 MiB GET on these VMs (BENCHMARKS.md, "kvgw
+    bench io"); to a network card sendfile saves that copy."""
+    if mode != "auto":
+        return mode == "always"
+    if client is None:
+        return False
+    try:
+        return not ipaddress.ip_address(client[0]).is_loopback
+    except ValueError:
+        return True
 
 
 class UrlTooLong(Exception):
@@ -104,7 +120,8 @@ class Connection(asyncio.Protocol):
         self._server_address = (str(sockname[0]), int(sockname[1])) if isinstance(sockname, tuple) else None
         tls = transport.get_extra_info("sslcontext") is not None
         self._scheme = "https" if tls else "http"
-        self._zerocopy = not tls and transport.get_extra_info("socket") is not None
+        self._zerocopy = (not tls and transport.get_extra_info("socket") is not None
+                          and sends_files(state.send_files, self.client))
         address = self.client[0] if self.client else "?"
         limits = state.limits
         if len(state.connections) >= limits.max_connections:

@@ -44,6 +44,7 @@ class ServerState:
     limits: ConnectionLimits
     lane: LookupLane | None = None
     access_log: bool = False
+    send_files: str = "auto"  # when connections offer zero-copy file sends (Settings.send_files)
     clock: Callable[[], float] = time.perf_counter
     connections: set[Connection] = field(default_factory=set)
     open_by_client: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -1,11 +1,14 @@
 """Reads verified once, at the end that consumes them: a client that says it verifies
-(``x-kvgw-verify: xxh3``) gets chunk bytes sent from the chunk file by ``sendfile``, unverified by the
-server; a mismatch it reports gets the copy checked and quarantined; other readers keep server-side
-verification. On a real ``kvgw serve`` and real files."""
+(``x-kvgw-verify: xxh3``) gets chunk bytes unverified by the server, sent from the chunk file by
+``sendfile`` (``KVGW_SEND_FILES=always``; to peers off this host by default) or written from a mapping
+of it (loopback peers by default); a mismatch it reports gets the copy checked and quarantined; other
+readers keep server-side verification. On a real ``kvgw serve`` and real files, both ways."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +22,19 @@ from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, wait_for
 from tests.integration.test_integrity import chunk_path, flip_byte
 
 VERIFYING = {wire.H_VERIFY: wire.VERIFY_XXH3}
+
+
+@pytest.fixture(params=["always", "auto"], ids=["sendfile", "mapped"])
+def server(request: pytest.FixtureRequest, server_factory: type[ServerProcess], tmp_path: Path) -> ServerProcess:
+    """The gateway, sending verifying readers' chunks by sendfile, or (loopback peers, "auto") from a
+    mapping."""
+    return server_factory(data_dir=tmp_path / "data", env={"KVGW_SEND_FILES": request.param}).start()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, headers=server.auth, timeout=30.0) as c:
+        yield c
 SIZE = 3 << 20  # above the inline-send limit: sent by the sender threads
 
 
