@@ -80,6 +80,14 @@ _USAGE = struct.Struct("<qq")  # bytes, chunks
 _GHOST = struct.Struct("<dQIB")  # last access, size, hits, tier; then the bucket
 _TIERS_AT = 44  # offset of the tiers byte in RECORD
 _RETURNED = 0x01  # RECORD flags: stored again while the index remembered its eviction (a ghost)
+# RECORD flags set by engine hints (``gateway.hints``); ``IndexEntry.marks`` holds them
+MARK_PINNED = 0x02  # never evicted or demoted while set
+MARK_ENDED = 0x04  # the request that read or wrote it ended (cleared by the next read)
+MARK_SESSION_ENDED = 0x08  # its session ended: no further turn will read it (cleared by the next read)
+MARK_SHARED = 0x10  # retention class "shared" (a system prompt many requests share)
+MARK_ONE_OFF = 0x20  # retention class "one-off" (a document read once)
+MARKS = MARK_PINNED | MARK_ENDED | MARK_SESSION_ENDED | MARK_SHARED | MARK_ONE_OFF
+MARKS_CLEARED_BY_READ = MARK_ENDED | MARK_SESSION_ENDED
 _KIDS_CHECKED = 16  # children looked at to decide whether a chunk is a leaf (more: assumed not)
 _NAME_KEY_LIMIT = 424
 OBSERVATIONS_KEPT = 8192
@@ -97,6 +105,7 @@ class IndexEntry:
     hits: int = 0
     tiers: int = TierId.FS  # bit mask of TierId values: the tiers holding a copy
     returned: bool = False  # stored again after the lifecycle evicted it (while the index remembered that)
+    marks: int = 0  # MARK_* bits engine hints set (``gateway.hints``)
 
     def alive(self, now: float) -> bool:
         return self.expires == 0.0 or self.expires > now
@@ -106,7 +115,8 @@ class IndexEntry:
         k = self.key.encode()
         head = RECORD.pack(
             self.size, self.checksum, self.created, self.expires, self.last_access,
-            min(self.hits, 0xFFFFFFFF), self.tiers, _RETURNED if self.returned else 0, len(b), len(k),
+            min(self.hits, 0xFFFFFFFF), self.tiers, (_RETURNED if self.returned else 0) | (self.marks & MARKS),
+            len(b), len(k),
         )
         return head + b + k
 
@@ -116,7 +126,8 @@ class IndexEntry:
         at = RECORD.size
         bucket = bytes(raw[at : at + blen]).decode()
         key = bytes(raw[at + blen : at + blen + klen]).decode()
-        return cls(bucket, key, size, checksum, created, expires, last, hits, tiers, bool(flags & _RETURNED))
+        return cls(bucket, key, size, checksum, created, expires, last, hits, tiers, bool(flags & _RETURNED),
+                   flags & MARKS)
 
 
 class Observation(NamedTuple):
@@ -127,6 +138,7 @@ class Observation(NamedTuple):
     ``FORGOTTEN``: the index stopped remembering its eviction from ``tiers`` (no return seen).
     ``last_access`` and ``hits`` are the chunk's before the event (for ghosts: when it was evicted);
     ``hits`` counts one more for a chunk that returned (its class for the eviction policy: read before).
+    ``marks``: the chunk's hint marks (``MARK_*``) before the event (0 for ghosts).
     """
 
     kind: int
@@ -137,6 +149,7 @@ class Observation(NamedTuple):
     hits: int
     at: float
     reads: int = 1
+    marks: int = 0
 
 
 OBS_READ = 1
@@ -180,6 +193,7 @@ class ChangeOp:
     REMOVE = 2  # the copy in ``tier`` is gone
     READ = 3  # the chunk was read ``count`` times, last at ``at``
     LINK = 4  # ``parent`` precedes the chunk in its prefix chain (a client looked them up in that order)
+    MARK = 5  # engine hints: marks ``count & 0xFF`` set and ``count >> 8`` cleared (``MARK_*``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,7 +520,8 @@ class ChunkIndex:
                 previous = IndexEntry.unpack(raw)
                 # keep access history across re-indexing (fall-through, rebuild, tier changes)
                 merged = replace(entry, last_access=max(previous.last_access, entry.last_access),
-                                 hits=max(previous.hits, entry.hits), returned=previous.returned or entry.returned)
+                                 hits=max(previous.hits, entry.hits), returned=previous.returned or entry.returned,
+                                 marks=previous.marks | entry.marks)
                 self._write_in(txn, digest, merged, previous, parent)
             else:
                 self._write_in(txn, digest, entry, None, parent)
@@ -927,6 +942,10 @@ class ChunkIndex:
                 return False
             self._read_in(txn, digest, old, change.at, change.count)
             return True
+        if change.op == ChangeOp.MARK:
+            if old is None:
+                return False
+            return self._mark_in(txn, digest, old, change.count & 0xFF, change.count >> 8)
         if change.op == ChangeOp.LINK:
             if old is None or change.parent is None or txn.get(digest, db=self.parents_db) == change.parent:
                 return False
@@ -958,12 +977,49 @@ class ChunkIndex:
             return True
         return False
 
-    def _read_in(self, txn: lmdb.Transaction, digest: bytes, entry: IndexEntry, when: float, count: int) -> None:
+    def _mark_in(self, txn: lmdb.Transaction, digest: bytes, entry: IndexEntry, set_marks: int, clear_marks: int
+                 ) -> bool:
+        marks = (entry.marks & ~clear_marks | set_marks) & MARKS
+        if marks == entry.marks:
+            return False
+        txn.put(digest, replace(entry, marks=marks).pack(), db=self.chunks_db)
+        return True
+
+    async def mark(self, digests: Sequence[bytes], set_marks: int, clear_marks: int = 0) -> list[bool]:
+        """Set and clear hint marks (``MARK_*``) of indexed chunks, in one transaction; which of
+        ``digests`` are indexed. Reads of them not applied yet are applied first, in the same
+        transaction, so a read made before the hint never clears a mark it sets."""
+        wanted = set(digests)
+        with self._touch_lock:
+            early = {d: self._touches.pop(d) for d in wanted if d in self._touches}
+
+        def op(txn: lmdb.Transaction) -> list[bool]:
+            found: list[bool] = []
+            for digest in digests:
+                raw = txn.get(digest, db=self.chunks_db)
+                if raw is None:
+                    found.append(False)
+                    continue
+                entry = IndexEntry.unpack(raw)
+                if digest in early:
+                    when, count = early.pop(digest)
+                    entry = self._read_in(txn, digest, entry, when, count)
+                self._mark_in(txn, digest, entry, set_marks, clear_marks)
+                found.append(True)
+            return found
+
+        result: list[bool] = await self._submit(op)
+        return result
+
+    def _read_in(self, txn: lmdb.Transaction, digest: bytes, entry: IndexEntry, when: float, count: int
+                 ) -> IndexEntry:
         self.observations.append(Observation(OBS_READ, entry.bucket, entry.tiers, entry.size,
                                              max(entry.last_access, entry.created),
-                                             entry.hits + (1 if entry.returned else 0), when, count))
-        updated = replace(entry, last_access=max(entry.last_access, when), hits=entry.hits + count)
+                                             entry.hits + (1 if entry.returned else 0), when, count, entry.marks))
+        marks = entry.marks if when <= entry.last_access else entry.marks & ~MARKS_CLEARED_BY_READ
+        updated = replace(entry, last_access=max(entry.last_access, when), hits=entry.hits + count, marks=marks)
         txn.put(digest, updated.pack(), db=self.chunks_db)
+        return updated
 
     async def reconcile_tier(self, tier: int, found: Sequence[tuple[bytes, IndexEntry, bytes | None]],
                              absent: Sequence[bytes], newer_than: float

@@ -76,10 +76,12 @@ from gateway.errors import (
     ServiceUnavailable,
     translate_backend_error,
 )
+from gateway.hints import HINT_MARKS
 from gateway.leases import LeaseBook, LeaseGrant
 from gateway.mover import TierMover
 from gateway.read_budget import ReadBudget, budgeted
 from kvgw_client.keys import InvalidKeyError, chunk_digest, digest_many
+from kvgw_client.wire import Hint
 
 log = logging.getLogger("kvgw.service")
 
@@ -449,6 +451,22 @@ class ChunkService:
             touched += 1
         return touched
 
+    async def hint(self, bucket: BucketPolicy, keys: Sequence[str], hint: Hint) -> int:
+        """Apply an engine hint to the chunks under ``keys`` (``gateway.hints``): their marks change in
+        the index and the change goes to the cluster feed. Returns how many of the keys are indexed;
+        the others (never stored, evicted, another gateway's not yet seen) are ignored."""
+        set_marks, clear_marks = HINT_MARKS[hint]
+        digests = self._digests(bucket, keys)
+        try:
+            found = await self._index.mark(digests, set_marks, clear_marks)
+        except backend.BackendError as exc:
+            raise translate_backend_error(exc) from exc
+        now = self._clock()
+        for digest, present in zip(digests, found, strict=True):
+            if present:
+                self._events.marked(bucket.name, digest, set_marks, clear_marks, now)
+        return sum(found)
+
     async def locate(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[ChunkLocation | None]:
         """Resolve a batch read whose bytes the client will read from the tier directory itself.
 
@@ -505,6 +523,7 @@ class ChunkService:
         parent: str | None = None,
         attrs: dict[str, str] | None = None,
         threaded: ThreadedBody | None = None,
+        marks: int = 0,
     ) -> PutResult:
         """Stream ``body`` into the bucket's write tier; publish only if complete and matching the
         given digests. With write-through the chunk is queued for S3 in the same index commit.
@@ -515,6 +534,7 @@ class ChunkService:
         chunk size limit, which is then enforced as the bytes arrive. ``threaded``: the same body, whose
         leading pieces can be received in a worker thread; where the tier can take bytes from that
         thread (``SyncStagedChunk``), they are hashed and written there, and ``body`` yields the rest.
+        ``marks``: hint marks the chunk starts with (its retention class, ``gateway.hints``).
         """
         if length is not None:
             check_chunk_size(bucket, length)
@@ -560,7 +580,8 @@ class ChunkService:
                 existing = ChunkInfo(bucket.name, key, size, value, now, meta.expires, bit)
             return PutResult(False, existing)
         parent_digest = None if parent is None else chunk_digest(bucket.name, parent)
-        entry = IndexEntry(bucket.name, key, size, value, now, meta.expires, last_access=now, tiers=bit)
+        entry = IndexEntry(bucket.name, key, size, value, now, meta.expires, last_access=now, tiers=bit,
+                           marks=marks)
         replicate = bucket.write_through and bit == TierId.FS and self._s3 is not None
         if replicate and self._index.pending_count() >= self._settings.write_through_max_pending:
             replicate = False
@@ -571,6 +592,8 @@ class ChunkService:
             raise translate_backend_error(exc) from exc
         info = ChunkInfo.from_entry(entry)
         self._events.stored(bucket.name, digest, bit, size, meta.expires, parent_digest, now, info=info)
+        if marks:
+            self._events.marked(bucket.name, digest, marks, 0, now)
         return PutResult(True, info)
 
     async def _winner(self, tier: Tier, bit: TierId, digest: bytes, bucket: str, key: str) -> ChunkInfo | None:

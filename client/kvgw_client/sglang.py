@@ -194,9 +194,12 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             [names[i] for i in todo], [bodies[i] for i in todo], [parents[i] for i in todo]))
         ok = list(present)
         for i, outcome in zip(todo, outcomes, strict=True):
+            # DECLINED (admission under pressure) answers True, as a page stored and evicted at once would:
+            # SGLang warns and stops the backup on False, and a later lookup finds the page absent anyway
             ok[i] = outcome is not PutOutcome.FAILED
         self._count("set.pages", len(names))
         self._count("set.existed", len(names) - len(todo))
+        self._count("set.declined", sum(1 for o in outcomes if o is PutOutcome.DECLINED))
         self._count("set.failed", ok.count(False))
         return ok
 

@@ -326,7 +326,8 @@ class LifecycleEngine:
             batch = await asyncio.to_thread(self._pick, policy, source, min(width, budget - done), excess, leased)
             if not batch:
                 self._waiting[key] = (f"{tier.label} tier at {usage} of {capacity} bytes, over its high watermark, "
-                                      "but this gateway's index holds no chunk of it to evict"
+                                      "but this gateway's index holds no chunk of it it may evict "
+                                      "(none, or only pinned ones)"
                                       + (f" ({len(leased)} read-leased chunks left alone)" if leased else ""))
                 break
             done += len(batch)

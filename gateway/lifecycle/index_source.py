@@ -17,7 +17,7 @@ from gateway.lifecycle.policy import Candidate
 def candidate(digest: bytes, entry: IndexEntry, leaf: bool) -> Candidate[bytes]:
     """The policy's view of an index entry."""
     return Candidate(digest, entry.size, entry.created, max(entry.last_access, entry.created), entry.hits, leaf,
-                     entry.returned)
+                     entry.returned, entry.marks)
 
 
 class IndexSource:

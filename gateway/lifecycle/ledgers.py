@@ -150,6 +150,9 @@ class Ledgers:
                 info: ChunkInfo | None = None) -> None:
         return None
 
+    def marked(self, bucket: str, digest: bytes, set_marks: int, clear_marks: int, now: float) -> None:
+        return None  # the index holds the marks; the policies read them there
+
     def chained(self, bucket: str, digests: list[bytes]) -> None:
         """A client named these keys in prefix order (prefix / batch-get calls): record the links.
 

@@ -47,6 +47,8 @@ import math
 from collections.abc import Collection, Hashable, Sequence
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
+from backends.index import MARK_ONE_OFF, MARK_PINNED, MARK_SESSION_ENDED
+
 __all__ = [
     "POLICIES",
     "Candidate",
@@ -75,6 +77,7 @@ class Candidate(NamedTuple, Generic[K]):
     hits: int  # reads since it was stored
     leaf: bool = True  # no later chunk of its learnt prefix chain is held in this tier
     returned: bool = False  # stored again while the source remembered evicting it (a ghost)
+    marks: int = 0  # engine hints (``backends.index.MARK_*``): pinned chunks are never victims
 
 
 class ChunkSource(Protocol[K]):
@@ -126,6 +129,7 @@ class Observed(Protocol):
 
 
 OBS_READ, OBS_RETURNED, OBS_FORGOTTEN = 1, 2, 3  # as in backends.index
+EARLY_MARKS = MARK_SESSION_ENDED | MARK_ONE_OFF  # hinted as read by no one again: evicted right after tails
 
 
 class SampledPolicy(Generic[K]):
@@ -166,11 +170,14 @@ class SampledPolicy(Generic[K]):
             self._fill(source, exclude, stuck)
             if pool or not stuck:
                 break
+        held = False  # a walk down a chain ended at a pinned chunk: the chain is no cycle
         if not pool and stuck:  # follow the lowest-ranked few down their chains (each walk reads the index)
             stuck.sort(key=lambda c: self.rank(c, now))
             for c in stuck[: max(1, self.samples // 4)]:
                 leaf = self._descend(source, c)
-                if leaf is not None and leaf.key not in exclude:
+                if leaf is not None and leaf.marks & MARK_PINNED:
+                    held = True
+                elif leaf is not None and leaf.key not in exclude:
                     pool[leaf.key] = leaf
         ranked = sorted(pool.values(), key=lambda c: self.rank(c, now))
         for stale in ranked[self.pool_size :]:
@@ -179,7 +186,8 @@ class SampledPolicy(Generic[K]):
         while ranked:
             best = ranked.pop(0)
             fresh = source.get(best.key)
-            if fresh is None or best.key in exclude or not self._leaf(fresh, source, exclude):
+            if fresh is None or best.key in exclude or fresh.marks & MARK_PINNED or \
+                    not self._leaf(fresh, source, exclude):
                 pool.pop(best.key, None)
                 continue
             if fresh != best:  # read (or re-linked) since it was sampled: rank it again
@@ -190,9 +198,9 @@ class SampledPolicy(Generic[K]):
                     continue
             del pool[best.key]
             return fresh
-        if stuck:  # nothing is a leaf (links form a cycle): progress beats the rule
+        if stuck and not held:  # nothing is a leaf (links form a cycle): progress beats the rule
             return source.get(min(stuck, key=lambda c: self.rank(c, now)).key)
-        return None
+        return None  # (samples of pinned chunks and their chains only also end here: the engine says why it waits)
 
     def evicted(self, victim: Candidate[K], parent: K | None, source: ChunkSource[K], now: float, *,
                 remembered: bool = False) -> None:
@@ -203,7 +211,7 @@ class SampledPolicy(Generic[K]):
         self._observe_eviction(victim, source, now, remembered)
         if self.prefix_aware and parent is not None:
             up = source.get(parent)
-            if up is not None and up.leaf:
+            if up is not None and up.leaf and not up.marks & MARK_PINNED:
                 self._pool[parent] = up
 
     def forget(self, key: K) -> None:
@@ -215,7 +223,7 @@ class SampledPolicy(Generic[K]):
         parent is a leaf once they are gone, so it may follow in the same batch."""
         if self.prefix_aware and parent is not None and parent not in exclude:
             up = source.get(parent)
-            if up is not None and self._leaf(up, source, exclude):
+            if up is not None and not up.marks & MARK_PINNED and self._leaf(up, source, exclude):
                 self._pool[parent] = up
 
     def _leaf(self, c: Candidate[K], source: ChunkSource[K], exclude: Collection[K]) -> bool:
@@ -232,7 +240,7 @@ class SampledPolicy(Generic[K]):
         pool = self._pool
         prefix_aware = self.prefix_aware
         for c in source.sample(self.samples):
-            if c.key in exclude:
+            if c.key in exclude or c.marks & MARK_PINNED:
                 continue
             if prefix_aware and not c.leaf:
                 stuck.append(c)
@@ -241,7 +249,7 @@ class SampledPolicy(Generic[K]):
 
     def _descend(self, source: ChunkSource[K], c: Candidate[K]) -> Candidate[K] | None:
         """Follow ``c``'s chain towards its end, through its least recently used child, until a leaf
-        (at most ``descent`` steps)."""
+        (at most ``descent`` steps). The leaf may be pinned: the caller does not evict it then."""
         for _ in range(self.descent):
             below = None
             for key in source.children(c.key) or ():
@@ -450,6 +458,8 @@ class HitDensityPolicy(SampledPolicy[K]):
         cls = self.classify(c.size, c.hits + c.returned)
         if cls == TAIL:
             return (-1.0, c.last_access)
+        if c.marks & EARLY_MARKS:
+            return (-0.5, c.last_access)
         if not self._trusted:
             return (0.0, c.last_access)
         density = self._stats[cls].density

@@ -166,7 +166,7 @@ async def test_ghosts_mark_returning_chunks_and_are_bounded(tmp_path: Path) -> N
         await index.put(d("k0"), entry("k0", created=1800.0))
         got = index.get(d("k0"))
         assert got is not None and got.returned and index.ghost_count() == 0
-        assert list(index.observations) == [(OBS_RETURNED, "kvcache", FS, 10, 1500.0, 2, 1800.0, 1)]
+        assert list(index.observations) == [(OBS_RETURNED, "kvcache", FS, 10, 1500.0, 2, 1800.0, 1, 0)]
         # at most keep x indexed chunks are remembered; the rest are forgotten at random, observed
         index.observations.clear()
         ghosts = [(d(f"g{i}"), Ghost("kvcache", FS, 10, 1000.0 + i, 0)) for i in range(40)]
@@ -187,9 +187,9 @@ async def test_reads_leave_observations_of_the_entry_before_the_read(tmp_path: P
         index.touch(d("a"), 1100.0)
         index.touch(d("a"), 1200.0)
         await index.flush()
-        assert list(index.observations) == [(OBS_READ, "kvcache", FS, 64, 1000.0, 0, 1200.0, 2)]
+        assert list(index.observations) == [(OBS_READ, "kvcache", FS, 64, 1000.0, 0, 1200.0, 2, 0)]
         await index.apply_changes([IndexChange(ChangeOp.READ, d("a"), FS, count=3, at=1300.0)], "feed", 1)
-        assert index.observations[-1] == (OBS_READ, "kvcache", FS, 64, 1200.0, 2, 1300.0, 3)
+        assert index.observations[-1] == (OBS_READ, "kvcache", FS, 64, 1200.0, 2, 1300.0, 3, 0)
         got = index.get(d("a"))
         assert got is not None and (got.last_access, got.hits) == (1300.0, 5)
     finally:

@@ -14,6 +14,7 @@ from backends.tiers import TierId
 from gateway.config import load_settings
 from gateway.runtime import Gateway
 from kvgw_client.keys import chunk_digest
+from kvgw_client.wire import Hint
 from tests.conftest import wait_for_async
 
 
@@ -163,6 +164,31 @@ async def test_prefix_aware_policy_never_evicts_a_chunk_with_a_cached_descendant
         # LRU would evict a and b (the oldest); prefix-aware evicts only leaves: d is the chain's
         # leaf, then c becomes one; a and b (still needed by c, d) stay until their tail is gone
         assert survivors(gateway, bucket, "abcdxyzwvu") == "abxyzwvu"
+    finally:
+        await gateway.stop()
+
+
+@pytest.mark.parametrize("policy", ["lru", "default"])
+async def test_pinned_chunks_stay_and_a_tier_of_pinned_chunks_says_so(
+    gateway: Gateway, clock: Clock, policy: str
+) -> None:
+    await start(gateway)
+    try:
+        bucket = await make_bucket(gateway, f"p-{policy}", policy)
+        await fill(gateway, clock, bucket, "abcdefghi")
+        assert await gateway.service.hint(bucket, list("abcdefg"), Hint.PIN) == 7
+        await fill(gateway, clock, bucket, "j")
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 2
+        assert survivors(gateway, bucket, "abcdefghij") == "abcdefgj"  # h and i, not the older pinned ones
+        await fill(gateway, clock, bucket, "kl")  # over the high mark again, and k and l pinned too
+        assert await gateway.service.hint(bucket, ["k", "l"], Hint.PIN) == 2
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 1 and survivors(gateway, bucket, "abcdefgjkl") == "abcdefgkl"
+        assert "only pinned ones" in gateway.lifecycle.waiting[bucket.name]  # 9000 bytes, all pinned
+        assert await gateway.service.hint(bucket, ["a"], Hint.UNPIN) == 1
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 1 and survivors(gateway, bucket, "abcdefgkl") == "bcdefgkl"
     finally:
         await gateway.stop()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from backends.index import MARK_ONE_OFF, MARK_PINNED, MARK_SESSION_ENDED
 from gateway.lifecycle.memory_source import MemorySource
 from gateway.lifecycle.policy import (
     POLICIES,
@@ -287,6 +288,48 @@ def test_excluded_keys_are_never_victims(name: str) -> None:
     victim = policy.victim(source, 10.0, exclude={"a", "b", "c", "d", "e"})
     assert victim is not None and victim.key == "f"
     assert policy.victim(source, 10.0, exclude=set("abcdef")) is None
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_pinned_chunks_are_never_victims(name: str) -> None:
+    source = filled("abcdef")
+    source.link_chain("ab")  # b is a's only child: pinning b keeps a too (a is never a leaf)
+    for key in "bde":
+        source.mark(key, MARK_PINNED)
+    policy = make_policy(name)
+    victim = policy.victim(source, 10.0)  # now in the pool: pinned before it is taken, it is passed over
+    assert victim is not None and victim.key in "acf"
+    policy._pool[victim.key] = victim
+    source.mark(victim.key, MARK_PINNED)
+    free = {"c", "f"} if policy.prefix_aware else {"a", "c", "f"}
+    assert sorted(order_while(policy, source)) == sorted(free - {victim.key})
+    for key in {"b", victim.key}:
+        source.mark(key, 0, MARK_PINNED)
+    assert sorted(order_while(policy, source)) == sorted({"a", "b", victim.key})
+    assert sorted(source._fields) == ["d", "e"] and policy.victim(source, 11.0) is None
+
+
+def order_while(policy: SampledPolicy[Any], source: MemorySource[Any]) -> list[Any]:
+    """Evict until the policy finds nothing it may evict."""
+    out: list[Any] = []
+    while policy.victim(source, 1e6) is not None:
+        out.append(evict(policy, source))
+    return out
+
+
+@pytest.mark.parametrize("name", ["hit-density", "default"])
+def test_session_ended_and_one_off_chunks_go_right_after_partial_tails(name: str) -> None:
+    source: MemorySource[str] = MemorySource(seed=1)
+    source.insert("full", 512, 1.0)
+    source.insert("tail", 100, 2.0)  # smaller than the largest seen: a partial tail
+    source.insert("ended", 512, 3.0)
+    source.insert("doc", 512, 4.0, marks=MARK_ONE_OFF)
+    source.insert("old", 512, 0.5)
+    source.mark("ended", MARK_SESSION_ENDED)
+    source.insert("read", 512, 5.0)
+    source.mark("read", MARK_SESSION_ENDED)
+    source.touch("read", 6.0)  # read after its session ended: the mark is gone
+    assert order(make_policy(name), source) == ["tail", "ended", "doc", "old", "full", "read"]
 
 
 def test_registry() -> None:

@@ -566,6 +566,8 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         )
         if outcome is PutOutcome.FAILED:
             self.count("put_failed")
+        elif outcome is PutOutcome.DECLINED:  # not stored, and no failure: LMCache recomputes it if asked
+            self.count("put_declined")
 
     def support_batched_put(self) -> bool:
         return True
@@ -579,6 +581,9 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         failed = sum(1 for o in outcomes if o is PutOutcome.FAILED)
         if failed:
             self._client.counters.add("lmcache.put_failed", failed)
+        declined = sum(1 for o in outcomes if o is PutOutcome.DECLINED)
+        if declined:
+            self._client.counters.add("lmcache.put_declined", declined)
 
     async def _put_all(
         self, names: Sequence[str], bodies: Sequence[Payload], parents: Sequence[str | None]
