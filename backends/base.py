@@ -18,6 +18,8 @@ and nothing else.
 from __future__ import annotations
 
 import asyncio
+import re
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -60,6 +62,27 @@ class ChunkMeta:
     parent: str | None = None  # key of the previous chunk in its prefix chain, when a client said so
     attrs: tuple[tuple[str, str], ...] = ()  # small client metadata kept with the bytes (content type,
     # S3 checksums); read from the tier only when a client asks for it
+    md5_etag: str | None = None  # the S3 ETag (unquoted) of a chunk written to an MD5-mode bucket: see MD5_ETAG
+
+
+MD5_ETAG = re.compile(r"[0-9a-f]{32}(-[1-9][0-9]{0,4})?")
+"""An MD5-mode ETag, unquoted: the hex MD5 of the body, or for a multipart upload the hex MD5 of its
+part MD5s (binary, concatenated in part order) then ``-`` and the number of parts, as S3 makes them.
+It is recorded with the chunk when written (chunk file footer, index record, feed event), never
+recomputed; the chunk's xxh3-64 stays its checksum either way."""
+_MD5_ETAG_RECORD = struct.Struct("<16sH")  # digest, parts (0: not multipart)
+MD5_ETAG_BYTES = _MD5_ETAG_RECORD.size
+
+
+def pack_md5_etag(etag: str) -> bytes:
+    """``MD5_ETAG`` text as ``MD5_ETAG_BYTES`` bytes (index records, feed events)."""
+    digest, _, parts = etag.partition("-")
+    return _MD5_ETAG_RECORD.pack(bytes.fromhex(digest), int(parts) if parts else 0)
+
+
+def unpack_md5_etag(raw: bytes | memoryview, offset: int = 0) -> str:
+    digest, parts = _MD5_ETAG_RECORD.unpack_from(raw, offset)
+    return f"{bytes(digest).hex()}-{parts}" if parts else bytes(digest).hex()
 
 
 class StagedChunk(Protocol):
@@ -83,7 +106,7 @@ class StagedChunk(Protocol):
 class SyncStagedChunk(StagedChunk, Protocol):
     """A staged chunk that can also take bytes from a worker thread, written before the call returns
     (the filesystem tier): the service then receives, hashes and writes a body's pieces in one thread
-    (``gateway.api.intake``'s threaded receives), the bytes still in that thread's cache when they are
+    (``gateway.dataplane.intake``'s threaded receives), the bytes still in that thread's cache when they are
     written, with no hand-off per piece."""
 
     def write_now(self, data: bytes | memoryview) -> None:
@@ -165,4 +188,11 @@ class FileLocator(Protocol):
 
     async def will_read(self, digests: list[bytes]) -> None:
         """Hint that these chunks are about to be read: start reading them from disk now."""
+        ...
+
+    async def open_data(self, digest: bytes, size: int) -> int:
+        """An open read-only descriptor on the chunk's file, whose data part is ``size`` bytes (checked
+        against the file's own footer, which catches a file re-written since the caller's index entry
+        was made; not the bytes themselves: the reader verifies them). The caller closes it.
+        ChunkNotFound if there is no file, ChunkCorrupt if its footer says another size."""
         ...

@@ -4,6 +4,10 @@ Layout of a chunk file (and of a chunk object in the S3 tier)::
 
     data[size] | meta_json[n] | n:u32 | "KVGWCF01"
 
+meta_json: {"v": 1, "bucket", "key", "size", "checksum" (xxh3-64, 16 hex), "created", "expires",
+optionally "parent", "attrs" and "md5" (the S3 ETag of a chunk written to an MD5-mode bucket,
+``backends.base.MD5_ETAG``; also in multipart part files, where it is the part's MD5).
+
 A footer rather than a header: the checksum is only known after the body has streamed through, data
 starts at offset 0 so range reads need no arithmetic, and the footer is written last, so a file that
 has its magic has all of its bytes. JSON keeps the format inspectable and extensible.
@@ -15,7 +19,7 @@ import json
 import os
 import struct
 
-from backends.base import ChunkMeta
+from backends.base import MD5_ETAG, ChunkMeta
 from backends.errors import ChunkCorrupt
 
 MAGIC = b"KVGWCF01"
@@ -37,6 +41,8 @@ def encode_footer(meta: ChunkMeta) -> bytes:
         doc["parent"] = meta.parent
     if meta.attrs:
         doc["attrs"] = dict(meta.attrs)
+    if meta.md5_etag is not None:
+        doc["md5"] = meta.md5_etag
     body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return body + TAIL.pack(len(body), MAGIC)
 
@@ -64,9 +70,12 @@ def decode_meta(body: bytes, total_size: int) -> ChunkMeta:
             expires=float(doc.get("expires", 0.0)),
             parent=doc.get("parent"),
             attrs=tuple(sorted((str(k), str(v)) for k, v in doc.get("attrs", {}).items())),
+            md5_etag=None if doc.get("md5") is None else str(doc["md5"]),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ChunkCorrupt("chunk footer is not valid metadata") from exc
+    if meta.md5_etag is not None and not MD5_ETAG.fullmatch(meta.md5_etag):
+        raise ChunkCorrupt("chunk footer has an unreadable MD5 ETag")
     if meta.size + len(body) + TAIL.size != total_size:
         raise ChunkCorrupt("chunk size does not match its footer")
     return meta

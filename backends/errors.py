@@ -11,6 +11,8 @@ and the APIs map those to status codes. Nothing above a backend inspects errno o
     ├── ChunkCorrupt           stored bytes do not match their recorded checksum / size
     ├── StorageFull            no space left (ENOSPC, EDQUOT, quota)
     ├── TierUnavailable        the tier cannot be reached now (dead S3 endpoint, timeouts)
+    │   └── ChunkHidden        the chunk's file is in its directory, but this host's lookups do not
+    │                          see it yet (an NFS or FUSE negative lookup cache): try again later
     └── IndexError_            the LMDB index failed in a way a retry will not fix
 """
 
@@ -45,6 +47,11 @@ class StorageFull(BackendError):
 
 class TierUnavailable(BackendError):
     pass
+
+
+class ChunkHidden(TierUnavailable):
+    """Never "not found": the chunk exists (its directory lists it), so nobody may forget it or report
+    it removed; a TierUnavailable, so every caller already waits and retries (503 to a client)."""
 
 
 class IndexError_(BackendError):

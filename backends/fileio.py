@@ -96,6 +96,9 @@ def write_direct(fd: int, pieces: list[bytes | memoryview], offset: int) -> None
     and go from there to the disk, so no page-cache page is allocated for them: on a VM that returns
     freed memory to its host, each new page-cache page costs a fault in the host (BENCHMARKS.md,
     "kvgw bench s3"). The file's cached pages for the range, if any, are dropped by the kernel."""
+    if len(pieces) == 1 and is_aligned(pieces[0]):  # received into aligned memory: written as it is
+        _pwrite_all(fd, memoryview(pieces[0]), offset)
+        return
     buffer = getattr(_direct_buffers, "buffer", None)
     if buffer is None:
         buffer = _direct_buffers.buffer = mmap.mmap(-1, _DIRECT_BUFFER_BYTES)
@@ -113,6 +116,22 @@ def write_direct(fd: int, pieces: list[bytes | memoryview], offset: int) -> None
                 filled = 0
     if filled:
         _pwrite_all(fd, view[:filled], offset)
+
+
+def aligned_buffer(size: int) -> memoryview:
+    """``size`` bytes of page-aligned, writable memory (anonymous mmap): what ``O_DIRECT`` can write
+    without a copy (``write_direct``). Freed when the last view of it goes."""
+    return memoryview(mmap.mmap(-1, size))
+
+
+def is_aligned(piece: bytes | memoryview) -> bool:
+    """Whether ``piece`` starts on a ``DIRECT_ALIGN`` boundary and is a whole number of them (so it can
+    go to an ``O_DIRECT`` descriptor as it is). Only writable memory is checked (ctypes needs it); the
+    pieces that qualify come from ``aligned_buffer``."""
+    if len(piece) % DIRECT_ALIGN or not isinstance(piece, memoryview) or piece.readonly or not piece.c_contiguous:
+        return False
+    address = ctypes.addressof(ctypes.c_char.from_buffer(piece))
+    return address % DIRECT_ALIGN == 0
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> int:

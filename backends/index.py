@@ -14,7 +14,7 @@ cheaper than a hop to a thread. When the map is full the writer doubles it while
 
 Databases inside the environment::
 
-    chunks   digest(16)                 -> RECORD + bucket + key
+    chunks   digest(16)                 -> RECORD + bucket + key [+ MD5 ETag: flag 0x02, 18 bytes]
     names    bucket NUL key (long keys: key[:424] NUL digest) -> digest   (ordered listing)
     parents  digest                     -> parent digest (prefix chains clients told us about)
     pending  digest                     -> queued at, attempts (write-through to S3 not yet done)
@@ -60,6 +60,7 @@ from typing import Any, NamedTuple
 
 import lmdb
 
+from backends.base import MD5_ETAG_BYTES, pack_md5_etag, unpack_md5_etag
 from backends.errors import IndexError_
 from backends.fileio import NETWORK_FILESYSTEMS as NETWORK_FILESYSTEMS
 from backends.fileio import filesystem_type as filesystem_type  # re-exported: looked up here (tests patch it)
@@ -80,12 +81,13 @@ _USAGE = struct.Struct("<qq")  # bytes, chunks
 _GHOST = struct.Struct("<dQIB")  # last access, size, hits, tier; then the bucket
 _TIERS_AT = 44  # offset of the tiers byte in RECORD
 _RETURNED = 0x01  # RECORD flags: stored again while the index remembered its eviction (a ghost)
+_MD5 = 0x02  # RECORD flags: an MD5 ETag (``backends.base.pack_md5_etag``) follows the key
 # RECORD flags set by engine hints (``gateway.hints``); ``IndexEntry.marks`` holds them
-MARK_PINNED = 0x02  # never evicted or demoted while set
-MARK_ENDED = 0x04  # the request that read or wrote it ended (cleared by the next read)
-MARK_SESSION_ENDED = 0x08  # its session ended: no further turn will read it (cleared by the next read)
-MARK_SHARED = 0x10  # retention class "shared" (a system prompt many requests share)
-MARK_ONE_OFF = 0x20  # retention class "one-off" (a document read once)
+MARK_PINNED = 0x04  # never evicted or demoted while set
+MARK_ENDED = 0x08  # the request that read or wrote it ended (cleared by the next read)
+MARK_SESSION_ENDED = 0x10  # its session ended: no further turn will read it (cleared by the next read)
+MARK_SHARED = 0x20  # retention class "shared" (a system prompt many requests share)
+MARK_ONE_OFF = 0x40  # retention class "one-off" (a document read once)
 MARKS = MARK_PINNED | MARK_ENDED | MARK_SESSION_ENDED | MARK_SHARED | MARK_ONE_OFF
 MARKS_CLEARED_BY_READ = MARK_ENDED | MARK_SESSION_ENDED
 _KIDS_CHECKED = 16  # children looked at to decide whether a chunk is a leaf (more: assumed not)
@@ -105,6 +107,7 @@ class IndexEntry:
     hits: int = 0
     tiers: int = TierId.FS  # bit mask of TierId values: the tiers holding a copy
     returned: bool = False  # stored again after the lifecycle evicted it (while the index remembered that)
+    md5_etag: str | None = None  # the S3 ETag of a chunk written to an MD5-mode bucket (ChunkMeta.md5_etag)
     marks: int = 0  # MARK_* bits engine hints set (``gateway.hints``)
 
     def alive(self, now: float) -> bool:
@@ -113,12 +116,14 @@ class IndexEntry:
     def pack(self) -> bytes:
         b = self.bucket.encode()
         k = self.key.encode()
+        flags = (_RETURNED if self.returned else 0) | (_MD5 if self.md5_etag is not None else 0)
         head = RECORD.pack(
             self.size, self.checksum, self.created, self.expires, self.last_access,
-            min(self.hits, 0xFFFFFFFF), self.tiers, (_RETURNED if self.returned else 0) | (self.marks & MARKS),
-            len(b), len(k),
+            min(self.hits, 0xFFFFFFFF), self.tiers, flags | (self.marks & MARKS), len(b), len(k),
         )
-        return head + b + k
+        if self.md5_etag is None:
+            return head + b + k
+        return head + b + k + pack_md5_etag(self.md5_etag)
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> IndexEntry:
@@ -126,7 +131,10 @@ class IndexEntry:
         at = RECORD.size
         bucket = bytes(raw[at : at + blen]).decode()
         key = bytes(raw[at + blen : at + blen + klen]).decode()
-        return cls(bucket, key, size, checksum, created, expires, last, hits, tiers, bool(flags & _RETURNED),
+        md5 = None
+        if flags & _MD5 and len(raw) >= at + blen + klen + MD5_ETAG_BYTES:
+            md5 = unpack_md5_etag(raw, at + blen + klen)
+        return cls(bucket, key, size, checksum, created, expires, last, hits, tiers, bool(flags & _RETURNED), md5,
                    flags & MARKS)
 
 

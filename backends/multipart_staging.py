@@ -4,7 +4,7 @@ Layout under ``<fs_root>/multipart/`` (a shared NFS root lets an upload started 
 parts and its completion on another)::
 
     <upload-id>/upload.json          bucket, key, initiation time, the object's attrs
-    <upload-id>/part-00001           part bytes + chunkfile footer (size, xxh3, part checksums)
+    <upload-id>/part-00001           part bytes + chunkfile footer (size, xxh3, part checksums, MD5 if wanted)
     <upload-id>/.tmp-00001-<token>   a part being received (renamed to part-NNNNN when verified)
     <upload-id>/complete.json        written once the object is published (answers a retried Complete)
 
@@ -52,6 +52,7 @@ class CompletedRecord:
     size: int
     checksum: int
     created: float
+    md5_etag: str | None = None  # the object's S3 ETag in an MD5-mode bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +180,8 @@ class MultipartStaging:
         completed = None
         with contextlib.suppress(FileNotFoundError, ValueError), open(f"{path}/complete.json", "rb") as f:
             done = json.load(f)
-            completed = CompletedRecord(int(done["size"]), int(done["checksum"], 16), float(done["created"]))
+            completed = CompletedRecord(int(done["size"]), int(done["checksum"], 16), float(done["created"]),
+                                        None if done.get("md5") is None else str(done["md5"]))
         return UploadRecord(upload_id, str(doc["bucket"]), str(doc["key"]), float(doc["initiated"]),
                             {str(k): str(v) for k, v in doc.get("attrs", {}).items()}, completed)
 
@@ -208,7 +210,10 @@ class MultipartStaging:
     async def retire(self, upload_id: str, completed: CompletedRecord) -> None:
         """Record the published chunk (``complete.json``) and drop the part files."""
         path = self._dir(upload_id)
-        doc = {"size": completed.size, "checksum": f"{completed.checksum:016x}", "created": completed.created}
+        doc: dict[str, object] = {"size": completed.size, "checksum": f"{completed.checksum:016x}",
+                                  "created": completed.created}
+        if completed.md5_etag is not None:
+            doc["md5"] = completed.md5_etag
 
         def retire() -> None:
             _write_json_atomic(f"{path}/complete.json", doc, self.fsync)

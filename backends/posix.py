@@ -11,6 +11,20 @@ across processes and hosts (also on NFS, unlike ``rename``). A lost NFS reply ca
 succeeded report EEXIST on retransmission; the staged file's link count tells the truth. With the
 fsync policy on, the data is fsynced before the link and the directory after it.
 
+Shared directories and lookup caches. A client of a shared directory may cache that a name did not
+exist (the Linux NFS client's negative lookup cache, a FUSE mount's ``negative_timeout``): a chunk
+this host looked up just before another host created it then stays "not found" here for a while,
+although the cluster feed already told the index it exists. Every operation on a chunk the caller
+believes present (``read``, ``stream``, ``stat``, ``delete``, ``quarantine``, ``scan``) therefore
+answers "not found" only when the chunk's directory does not list the name either: reading the
+directory opens it, which makes an NFS client revalidate the directory's attributes (close-to-open
+consistency applies to directories too), and a changed directory invalidates the negative lookups
+cached under it; the listing itself comes from the server. A listed name that a lookup still misses is
+retried with backoff for up to ``visibility_seconds`` (a FUSE negative entry lives until its timeout),
+then raises ``ChunkHidden`` (a ``TierUnavailable``: callers retry; nobody forgets the chunk or reports
+it removed). ``stat_many`` and ``absent_now`` are the lookups of chunks nobody said exist (index
+misses): they take "not found" as it comes, at no extra cost.
+
 Blocking calls run in worker threads so the event loop only ever waits on futures.
 """
 
@@ -19,18 +33,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import mmap
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from backends import chunkfile
 from backends.base import ChunkMeta, check_bytes
-from backends.errors import BackendError
+from backends.errors import BackendError, ChunkCorrupt, ChunkHidden, ChunkNotFound
 from backends.fileio import (
     DIRECT_ALIGN,
     LOCAL_FILESYSTEMS,
@@ -47,6 +63,11 @@ from backends.fileio import (
 from backends.tiers import TierId
 
 log = logging.getLogger("kvgw.posix")
+
+T = TypeVar("T")
+
+_RETRY_FIRST = 0.005  # seconds before the first retry of a hidden chunk; doubled each time...
+_RETRY_MAX = 0.25  # ...up to this
 
 _STAGING_SUFFIX = ".part"
 FOLIO_BYTES = 2 << 20
@@ -254,8 +275,17 @@ class PosixTier:
 
     name = TierId.FS.label
 
-    def __init__(self, root: Path, *, fsync: bool = True, direct_writes: bool = False) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True, direct_writes: bool = False,
+                 visibility_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """``visibility_seconds``: how long an operation retries a chunk its directory lists but a lookup
+        here does not find (module docstring); ``clock`` and ``sleep`` pace those retries (tests)."""
         self.root = root
+        self.visibility_seconds = visibility_seconds
+        self._clock = clock
+        self._sleep = sleep
+        self.hidden_seen = 0  # operations that met a chunk listed in its directory but not found by a lookup
+        self.hidden_refused = 0  # ...and gave up on it after visibility_seconds (ChunkHidden)
         self._root = str(root)
         self.fsync = fsync
         self.direct_writes = direct_writes  # chunk data written around the page cache (Settings.fs_direct_writes)
@@ -306,7 +336,67 @@ class PosixTier:
 
     async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
                    ) -> bytes | memoryview:
-        return await run_io(self._read_sync, self.path_for(digest), offset, length, checksum, what="read chunk")
+        path = self.path_for(digest)
+        return await self._revalidating(path, lambda: run_io(self._read_sync, path, offset, length, checksum,
+                                                            what="read chunk"))
+
+    # -- chunks that exist but are not visible here yet (module docstring) -------------------------
+
+    async def _revalidating(self, path: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``; when it finds no file at ``path`` but the directory lists it, again after a
+        fresh look at the directory, with backoff, until ``visibility_seconds`` have passed (then
+        ChunkHidden). ChunkNotFound only when the directory does not list the name."""
+        deadline: float | None = None
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                return await attempt()
+            except ChunkNotFound:
+                if not await run_io(self._listed, path, what="list chunk directory"):
+                    raise
+            now = self._clock()
+            if deadline is None:
+                deadline = now + self.visibility_seconds
+                self.hidden_seen += 1
+                log.info("%s is in its directory but not visible to this host yet (a cached negative lookup); "
+                         "retrying for up to %.1f s", path, self.visibility_seconds)
+            if now >= deadline:
+                self.hidden_refused += 1
+                raise ChunkHidden(f"{os.path.basename(path)} is listed in its directory, but lookups on this "
+                                  f"host have not found it for {self.visibility_seconds:g} s")
+            await self._sleep(min(delay, deadline - now))
+            delay = min(delay * 2, _RETRY_MAX)
+
+    def _listed(self, path: str) -> bool:
+        """Whether ``path``'s directory lists its name, read afresh (opening the directory revalidates an
+        NFS client's view of it). A directory that is itself not found is looked for in its parent, up to
+        the chunk root: listed there, it may hold the name (True: worth another try)."""
+        directory, name = os.path.split(path)
+        try:
+            return name in os.listdir(directory)
+        except FileNotFoundError:
+            return directory.startswith(self._chunks + "/") and self._listed(directory)
+
+    def _sync_revalidating(self, path: str, attempt: Callable[[], T]) -> T:
+        """``_revalidating`` for a worker thread (``scan``): the same rule, blocking waits."""
+        deadline: float | None = None
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                return attempt()
+            except FileNotFoundError:
+                if not self._listed(path):
+                    raise
+            now = self._clock()
+            if deadline is None:
+                deadline = now + self.visibility_seconds
+                self.hidden_seen += 1
+            if now >= deadline:
+                self.hidden_refused += 1
+                raise ChunkHidden(f"{os.path.basename(path)} is listed in its directory, but lookups on this "
+                                  f"host have not found it for {self.visibility_seconds:g} s")
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, _RETRY_MAX)
 
     @staticmethod
     def _read_sync(path: str, offset: int, length: int, checksum: int | None) -> bytes | memoryview:
@@ -330,6 +420,26 @@ class PosixTier:
             os.close(fd)
         check_bytes(data, checksum)
         return data
+
+    async def open_data(self, digest: bytes, size: int) -> int:
+        return await run_io(self._open_data_sync, self.path_for(digest), size, what="open chunk")
+
+    @staticmethod
+    def _open_data_sync(path: str, size: int) -> int:
+        """``open_data`` in a worker thread: open, then one read of the footer's tail (page-cache warm
+        right after a write, one small read otherwise)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            total = os.fstat(fd).st_size
+            if total < chunkfile.TAIL.size:
+                raise ChunkCorrupt("chunk is shorter than its footer")
+            meta_bytes = chunkfile.footer_length(os.pread(fd, chunkfile.TAIL.size, total - chunkfile.TAIL.size))
+            if total - chunkfile.TAIL.size - meta_bytes != size:
+                raise ChunkCorrupt(f"chunk file holds {total - chunkfile.TAIL.size - meta_bytes} bytes, not {size}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     async def will_read(self, digests: list[bytes]) -> None:
         """POSIX_FADV_WILLNEED on every chunk of a batch read: the kernel reads them ahead (in
@@ -356,7 +466,9 @@ class PosixTier:
         previous one's pages are dropped from this process (MADV_DONTNEED: they stay in the page
         cache, and a socket still sending them faults them back in), so a large chunk streamed to a
         slow client holds about one window of resident memory, not the whole chunk."""
-        mapped = await run_io(self._map_sync, self.path_for(digest), offset + length, what="open chunk")
+        path = self.path_for(digest)
+        mapped = await self._revalidating(path, lambda: run_io(self._map_sync, path, offset + length,
+                                                                what="open chunk"))
         if mapped is None:  # empty, or shorter than asked: a short read says so
             yield await self.read(digest, offset, length)
             return
@@ -380,7 +492,8 @@ class PosixTier:
             os.close(fd)
 
     async def stat(self, digest: bytes) -> ChunkMeta:
-        return await run_io(chunkfile.read_meta, self.path_for(digest), what="stat chunk")
+        path = self.path_for(digest)
+        return await self._revalidating(path, lambda: run_io(chunkfile.read_meta, path, what="stat chunk"))
 
     def _probably_present(self, paths: list[str]) -> list[int]:
         """Indices of ``paths`` that may exist: those that do on a local filesystem (probed here, on
@@ -423,25 +536,24 @@ class PosixTier:
         return out
 
     async def delete(self, digest: bytes) -> bool:
-        def unlink() -> bool:
-            try:
-                os.unlink(self.path_for(digest))
-            except FileNotFoundError:
-                return False
-            return True
-
-        return await run_io(unlink, what="delete chunk")
+        path = self.path_for(digest)
+        try:
+            await self._revalidating(path, lambda: run_io(os.unlink, path, what="delete chunk"))
+        except ChunkNotFound:
+            return False
+        return True
 
     async def quarantine(self, digest: bytes) -> bool:
-        def move() -> bool:
-            target = f"{self._quarantine}/{digest.hex()}.{time.time():.0f}"
-            try:
-                os.rename(self.path_for(digest), target)
-            except FileNotFoundError:
-                return False
-            return True
+        path = self.path_for(digest)
 
-        return await run_io(move, what="quarantine chunk")
+        def move() -> None:
+            os.rename(path, f"{self._quarantine}/{digest.hex()}.{time.time():.0f}")
+
+        try:
+            await self._revalidating(path, lambda: run_io(move, what="quarantine chunk"))
+        except ChunkNotFound:
+            return False
+        return True
 
     async def scan(self) -> AsyncIterator[tuple[bytes, ChunkMeta | None]]:
         shards = await run_io(self._list_shards, what="list chunk directories")
@@ -469,10 +581,13 @@ class PosixTier:
                 digest = bytes.fromhex(name)
             except ValueError:
                 continue
-            try:
-                meta: ChunkMeta | None = chunkfile.read_meta(f"{shard}/{name}")
+            path = f"{shard}/{name}"
+            try:  # listed: a lookup that misses it is a cached negative one (or it went meanwhile)
+                meta: ChunkMeta | None = self._sync_revalidating(path, functools.partial(chunkfile.read_meta, path))
             except FileNotFoundError:
                 continue
+            except ChunkHidden:
+                raise
             except BackendError:
                 meta = None
             found.append((digest, meta))

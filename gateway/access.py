@@ -135,7 +135,7 @@ class Directory:
 
     def bucket_in_view(self, name: str) -> BucketPolicy | None:
         """The bucket's policy if the view holds it, without re-reading the catalog (None otherwise;
-        ``bucket`` then decides): for callers that cannot await (``gateway.api.lane``)."""
+        ``bucket`` then decides): for callers that cannot await (``gateway.dataplane.lane``)."""
         return self._buckets.get(name)
 
     # -- credentials ---------------------------------------------------------------------------

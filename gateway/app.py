@@ -21,11 +21,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.api.http import IndexedAnswer, RawHeaders, Receive, Scope, Send, new_request_id, path_segment
-from gateway.api.lane import LookupLane
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
 from gateway.buckets import BucketService, new_bucket_policy
 from gateway.config import Settings
+from gateway.dataplane.lane import LookupLane
 from gateway.loopwatch import LoopWatch
 from gateway.metrics import RequestMetrics, StatsCollector, native_op
 from gateway.multipart import MultipartStore
@@ -111,7 +111,8 @@ def _require_root(gateway: Gateway, request: ControlRequest) -> None:
 
 
 class GatewayApp:
-    """The ASGI callable uvicorn runs. Owns the Gateway's lifecycle through ASGI lifespan."""
+    """The ASGI callable kvgw's HTTP server (``gateway.dataplane``) runs. Owns the Gateway's lifecycle
+    through ASGI lifespan."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -136,7 +137,7 @@ class GatewayApp:
         )
         self.s3 = self.metrics.wrap("s3", self.s3_api, lambda scope: str(scope.get("kvgw.op", "unknown")))
         self._native_api = native
-        # answers index-only lookups inside the HTTP protocol (gateway.api.lane; serve.run_worker installs it)
+        # answers index-only lookups inside the HTTP protocol (gateway.dataplane.lane; serve.run_worker installs it)
         self.lane = LookupLane(self, self.metrics) if settings.lookup_lane else None
 
     @staticmethod

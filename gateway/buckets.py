@@ -28,16 +28,26 @@ from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict
 from backends.index import ChunkIndex
 from gateway.access import Directory
 from gateway.config import Settings
-from gateway.errors import BucketAlreadyOwned, BucketNotEmpty, ChunkTooLarge, InvalidBucketName, NoSuchBucket
+from gateway.errors import (
+    BucketAlreadyOwned,
+    BucketNotEmpty,
+    ChunkTooLarge,
+    EmptyChunk,
+    InvalidBucketName,
+    NoSuchBucket,
+)
 from kvgw_client.keys import is_valid_bucket_name
 
 _EMPTY_SCAN_PAGE = 256
 
 
 def check_chunk_size(bucket: BucketPolicy, size: int) -> None:
-    """The per-bucket chunk-size limit, the one check both APIs (and the service) apply."""
+    """The per-bucket size rules, the one check both APIs (and the service) apply: at most
+    ``max_chunk_bytes``, and never empty unless the bucket allows empty objects (EmptyChunk)."""
     if size > bucket.max_chunk_bytes:
         raise ChunkTooLarge(f"{size} bytes exceeds the bucket limit of {bucket.max_chunk_bytes}")
+    if size == 0 and not bucket.allow_empty_objects:
+        raise EmptyChunk.in_bucket(bucket.name)
 
 
 def filesystem_size(path: os.PathLike[str] | str) -> int:

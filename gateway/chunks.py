@@ -11,11 +11,13 @@ Tier identities are ``backends.tiers.TierId`` (index bit, name); nothing here de
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from backends import errors as backend
+from backends.base import ChunkMeta
 from backends.index import IndexEntry
 from backends.tiers import TierId
 from gateway.errors import InvalidRange, translate_backend_error
@@ -37,6 +39,7 @@ class ChunkInfo:
     created: float
     expires: float
     tiers: int = TierId.FS  # bit mask of TierId values: the tiers holding a copy
+    md5_etag: str | None = None  # recorded when written to an MD5-mode bucket (``backends.base.MD5_ETAG``)
 
     @property
     def tier(self) -> TierId:
@@ -49,11 +52,24 @@ class ChunkInfo:
 
     @property
     def etag(self) -> str:
+        """The native API's ETag: the xxh3-64 quoted (equal to ``X-Kvgw-Checksum``), in every bucket."""
         return wire.etag(self.checksum)
+
+    @property
+    def s3_etag(self) -> str:
+        """The S3 API's ETag: the MD5 form recorded when the chunk was written to an MD5-mode bucket,
+        else the native one. Fixed at write time, so changing a bucket's mode never changes the ETag of
+        a chunk already stored (sync tools would take that for a changed object)."""
+        return f'"{self.md5_etag}"' if self.md5_etag is not None else wire.etag(self.checksum)
 
     @classmethod
     def from_entry(cls, entry: IndexEntry) -> ChunkInfo:
-        return cls(entry.bucket, entry.key, entry.size, entry.checksum, entry.created, entry.expires, entry.tiers)
+        return cls(entry.bucket, entry.key, entry.size, entry.checksum, entry.created, entry.expires, entry.tiers,
+                   entry.md5_etag)
+
+    @classmethod
+    def from_meta(cls, meta: ChunkMeta, tiers: int) -> ChunkInfo:
+        return cls(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires, tiers, meta.md5_etag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +87,7 @@ class PutResult:
 
 
 class ThreadedBody(Protocol):
-    """A request body whose pieces can be received in a worker thread (``gateway.api.intake``'s
+    """A request body whose pieces can be received in a worker thread (``gateway.dataplane.intake``'s
     threaded receives): a PUT then receives, hashes and writes each piece in one thread, with no
     hand-off per piece and the bytes still in that thread's cache when they are written."""
 
@@ -106,7 +122,11 @@ class ListPage:
 
 
 class ChunkBody:
-    """Verified bytes of a chunk or a range of it. Iterate once; ``close`` releases buffers.
+    """Bytes of a chunk or a range of it: verified, unless the reader verifies them itself
+    (``ChunkService.open_info``'s ``reader_verifies``). Three forms: ``data`` (in memory, one piece),
+    pieces (iterate once), or ``fd`` (an open chunk file whose bytes ``offset``..``offset+length`` are
+    the range: the HTTP server sends them with ``sendfile``, never reading them into Python). ``close``
+    releases buffers and descriptors.
 
     A tier failing while the bytes stream raises the domain error for it (``gateway.errors``).
     """
@@ -120,14 +140,21 @@ class ChunkBody:
         data: bytes | memoryview | None = None,
         release: Callable[[], None] | None = None,
         tier: TierId = TierId.FS,
+        fd: int | None = None,
     ) -> None:
         self.info = info
         self.offset = offset
         self.length = length
         self.data = data  # set when the bytes are already in memory (one piece)
+        self.fd = fd  # set when the bytes are to be sent from a file
         self.tier = tier  # where the bytes came from
         self._pieces = pieces
         self._release = release
+
+    def fileno(self) -> int:
+        """The chunk file's descriptor (``fd`` bodies): what ASGI's ``http.response.zerocopysend`` takes."""
+        assert self.fd is not None
+        return self.fd
 
     async def __aiter__(self) -> AsyncIterator[bytes | memoryview]:
         if self.data is not None:
@@ -141,6 +168,9 @@ class ChunkBody:
 
     async def close(self) -> None:
         self.data = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         if self._pieces is not None:
             await self._pieces.aclose()  # type: ignore[attr-defined]
             self._pieces = None

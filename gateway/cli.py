@@ -116,7 +116,8 @@ def cmd_bucket(args: argparse.Namespace) -> int:
 
 _POLICY_FLAGS = ("default_ttl_seconds", "max_chunk_bytes", "capacity_bytes", "anonymous_read", "anonymous_write",
                  "write_tier", "write_through", "s3_capacity_bytes", "high_watermark", "low_watermark",
-                 "eviction_policy", "max_lease_ms", "max_leased_bytes")
+                 "eviction_policy", "max_lease_ms", "max_leased_bytes", "allow_empty_objects",
+                 "etag_mode")
 
 
 def _policy_doc(policy: Any) -> dict[str, Any]:
@@ -269,6 +270,8 @@ BENCHMARKS = {
     "s3-outage": "gateway.bench.s3_outage",  # exists / PUT / S3-only GET latency with S3 hung or dead
     "floor": "gateway.bench.floor",  # where a small call's server CPU goes: socket, uvicorn, kvgw, in process
     "cluster": "gateway.bench.cluster",  # RSS at 1M chunks, coordination cost, feed lag, --workers scaling
+    "dataplane": "gateway.bench.dataplane",  # issue 31: uvicorn+ASGI, an own httptools protocol, granian RSGI
+    "etag": "gateway.bench.etag",  # what an MD5-mode bucket costs a PUT, against an xxh3 one
 }
 
 
@@ -338,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-lease-ms", type=int, help="the longest read lease a lookup may take (ms)")
         p.add_argument("--max-leased-bytes", type=int,
                        help="bytes leased at once (default: a tenth of the bucket's capacity)")
+        p.add_argument("--allow-empty-objects", action=argparse.BooleanOptionalAction,
+                       help="accept zero-length PUTs and parts (refused by default: a KV chunk is never empty)")
+        p.add_argument("--etag", dest="etag_mode", choices=("xxh3", "md5"),
+                       help="S3 ETags of chunks written from now on: xxh3 (default; the chunk's checksum) or md5 "
+                            "(S3's, for aws s3 sync / rclone; costs an MD5 of every PUT)")
         p.set_defaults(func=cmd_bucket)
     remove = bucket_sub.add_parser("delete", help="delete an empty bucket (its grants go with it)")
     _common(remove)

@@ -90,9 +90,12 @@ class Settings(BaseSettings):
 
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
     fs_direct_writes: bool = False  # chunk data written around the page cache (O_DIRECT): cheap PUTs, cold first reads
+    fs_visibility_seconds: float = 5.0  # how long an operation on a chunk file its directory lists but this host's
+    # lookups do not see yet (another host created it after a lookup here: NFS/FUSE negative caches) retries
     verify_reads: bool = True  # check a chunk's checksum before serving its first byte
     loop_stall_seconds: float = 1.0  # log where the event loop is when it runs nothing this long (0: no watch)
-    lookup_lane: bool = True  # answer index-only HEAD / exists / prefix inside the HTTP protocol (gateway.api.lane)
+    # answer index-only HEAD / exists / prefix inside the HTTP protocol (gateway.dataplane.lane)
+    lookup_lane: bool = True
     whole_read_max_bytes: int = 16 * MiB  # chunks up to this size are read in one go, larger ones streamed
     read_window_bytes: int = 4 * MiB  # piece size when streaming
     read_buffer_budget_bytes: int = 128 * MiB  # chunk bytes all reads may hold at once (gateway.read_budget)

@@ -10,7 +10,7 @@ a class is missing from either table. Backend errors are translated to these at 
     KvgwError(code)
     ├── NoSuchBucket, NoSuchChunk
     ├── InvalidKey, InvalidRequest, IncompleteBody, BadDigest, InvalidRange
-    ├── MissingContentLength, ChunkTooLarge, PreconditionFailed
+    ├── MissingContentLength, ChunkTooLarge, EmptyChunk, PreconditionFailed
     ├── Unauthorized, AccessDenied
     ├── InsufficientStorage (Declined), ServiceUnavailable, InternalError
     ├── MethodNotAllowed, NotFound                     the native API's routing
@@ -80,6 +80,22 @@ class MissingContentLength(KvgwError):
 class ChunkTooLarge(KvgwError):
     code = ErrorCode.CHUNK_TOO_LARGE
     default_message = "the chunk is larger than the bucket allows"
+
+
+class EmptyChunk(KvgwError):
+    """A write with no bytes. A KV-cache chunk is never empty, so an empty body is a client's mistake (a
+    file that was never written, an unset variable) and is refused before anything is stored; buckets
+    that hold generic S3 objects may allow empty ones (``kvgw bucket create|update --allow-empty-objects``)."""
+
+    code = ErrorCode.EMPTY_CHUNK
+    default_message = "the body is empty"
+
+    @classmethod
+    def in_bucket(cls, bucket: str) -> EmptyChunk:
+        """The refusal with what to do about it, naming the bucket."""
+        return cls(f"the body is empty, so nothing was stored: a KV-cache chunk is never empty (bucket "
+                   f"{bucket!r} refuses empty objects; kvgw bucket update {bucket} --allow-empty-objects "
+                   "accepts them)")
 
 
 class PreconditionFailed(KvgwError):

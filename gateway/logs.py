@@ -47,7 +47,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str, fmt: str) -> None:
-    """Root logging for the server process (uvicorn's loggers propagate to it)."""
+    """Root logging for the server process (every logger of the process propagates to it)."""
     if fmt not in ("text", "json"):
         raise ValueError(f"log format must be text or json, not {fmt!r}")
     handler = logging.StreamHandler()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from backends.base import ChunkMeta, Tier
-from backends.errors import BackendError
+from backends.errors import BackendError, ChunkNotFound
 from backends.index import ChunkIndex, IndexEntry
 from backends.tiers import TierId
 from kvgw_client.keys import chunk_digest
@@ -23,7 +23,7 @@ _BATCH = 512
 
 def entry_from_meta(meta: ChunkMeta, tiers: int = TierId.FS) -> IndexEntry:
     return IndexEntry(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires,
-                      last_access=meta.created, tiers=tiers)
+                      last_access=meta.created, tiers=tiers, md5_etag=meta.md5_etag)
 
 
 @dataclass
@@ -55,6 +55,18 @@ async def rebuild_index(index: ChunkIndex, tiers: Mapping[TierId, Tier]) -> int:
     for start in range(0, len(items), _BATCH):
         await index.put_many(items[start : start + _BATCH])
     return len(items)
+
+
+async def _gone(tier: Tier, digest: bytes) -> bool:
+    """Whether the tier says for certain that it has no copy: ``stat`` (which on a shared directory looks
+    again before it says "not found"), not ``stat_many`` (a lookup of chunks nobody said exist)."""
+    try:
+        await tier.stat(digest)
+    except ChunkNotFound:
+        return True
+    except BackendError:
+        return False  # damaged (the scan's business) or unreachable / not visible yet: not dangling
+    return False
 
 
 async def _verify(tier: Tier, digest: bytes, meta: ChunkMeta, window: int) -> bool:
@@ -113,8 +125,8 @@ async def scrub(index: ChunkIndex, tier: Tier, *, repair: bool = True, window: i
         for digest, entry in page:
             if digest in seen or not entry.tiers & TierId.FS:
                 continue
-            if (await tier.stat_many([digest]))[0] is not None:
-                continue  # written after the scan passed its directory
+            if not await _gone(tier, digest):
+                continue  # written after the scan passed its directory, or not visible here yet
             report.dangling += 1
             report.details.append(f"{digest.hex()}: indexed but not in the tier ({entry.bucket}/{entry.key})")
             if repair:

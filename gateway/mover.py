@@ -305,7 +305,8 @@ class TierMover:
         log.warning("%s/%s: S3 already held another chunk under this key (written while S3 could not be "
                     "asked?); it was first and stays, the filesystem copy is dropped", entry.bucket, entry.key)
         adopted = IndexEntry(first.bucket, first.key, first.size, first.checksum, first.created, first.expires,
-                             last_access=entry.last_access, hits=entry.hits, tiers=TierId.S3)
+                             last_access=entry.last_access, hits=entry.hits, tiers=TierId.S3,
+                             md5_etag=first.md5_etag)
         parent = None if first.parent is None else chunk_digest(first.bucket, first.parent)
         await self._index.put(digest, adopted, parent)
         await self._index.drop_pending(digest)

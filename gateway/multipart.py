@@ -17,6 +17,7 @@ Backend errors become domain errors through ``translate_backend_error`` (a missi
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from gateway.buckets import check_chunk_size
 from gateway.chunks import ChunkInfo, PutResult
 from gateway.errors import (
     ChunkTooLarge,
+    EmptyChunk,
     EntityTooSmall,
     IncompleteBody,
     InvalidPart,
@@ -71,7 +73,7 @@ class Upload:
     def from_record(cls, record: UploadRecord) -> Upload:
         done = record.completed
         completed = None if done is None else ChunkInfo(record.bucket, record.key, done.size, done.checksum,
-                                                        done.created, 0.0)
+                                                        done.created, 0.0, md5_etag=done.md5_etag)
         return cls(record.upload_id, record.bucket, record.key, record.initiated, record.attrs, completed)
 
 
@@ -82,10 +84,21 @@ class PartInfo:
     checksum: int  # xxh3-64 of the part
     modified: float
     attrs: dict[str, str]  # checksums the client sent with the part (x-amz-checksum-<alg> -> base64)
+    md5: str | None = None  # hex MD5 of the part, received while its bucket's ETags were MD5s
 
     @property
     def etag(self) -> str:
-        return wire.etag(self.checksum)
+        """The part's MD5 (S3's part ETag) where it has one, else its xxh3-64; quoted."""
+        return f'"{self.md5}"' if self.md5 is not None else wire.etag(self.checksum)
+
+
+def multipart_md5_etag(parts: Sequence[PartInfo]) -> str | None:
+    """S3's ETag of a multipart object: the hex MD5 of the parts' binary MD5s concatenated in part order,
+    then ``-`` and the number of parts. None unless every part has an MD5."""
+    if not parts or any(p.md5 is None for p in parts):
+        return None
+    combined = hashlib.md5(b"".join(bytes.fromhex(p.md5) for p in parts if p.md5 is not None))
+    return f"{combined.hexdigest()}-{len(parts)}"
 
 
 async def _io(call: Awaitable[T]) -> T:
@@ -139,15 +152,20 @@ class MultipartStore:
         body: AsyncIterable[bytes | memoryview],
         *,
         max_bytes: int,
+        allow_empty: bool = False,
         attrs: Callable[[], Mapping[str, str]] = dict,
+        md5: bool = False,
     ) -> PartInfo:
         """Receive one part. ``body`` must raise if it is not complete and verified; only then is the
         part renamed into place (replacing an earlier upload of the same number). ``attrs`` is called
-        after the body ended (checksums computed on the way)."""
+        after the body ended (checksums computed on the way). An empty part is refused (EmptyChunk)
+        unless ``allow_empty`` (the bucket's ``allow_empty_objects``). ``md5``: the bucket's ETags are
+        MD5s; the part's MD5 is computed in the same pass as its xxh3 and becomes its ETag."""
         if not 1 <= number <= MAX_PART_NUMBER:
             raise InvalidRequest(f"part numbers are 1 to {MAX_PART_NUMBER}")
         writer = await _io(self.staging.open_part(upload.upload_id, number))
         hasher = xxhash.xxh3_64()
+        md5_hasher = hashlib.md5() if md5 else None
         size = 0
         pending: list[bytes | memoryview] = []
         pending_bytes = 0
@@ -157,14 +175,19 @@ class MultipartStore:
                 if size > max_bytes:
                     raise ChunkTooLarge(f"the part exceeds {max_bytes} bytes")
                 hasher.update(piece)
+                if md5_hasher is not None:
+                    md5_hasher.update(piece)
                 pending.append(piece)
                 pending_bytes += len(piece)
                 if pending_bytes >= _WRITE_BATCH:
                     batch, pending, pending_bytes = pending, [], 0
                     await _io(writer.write(batch))
+            if size == 0 and not allow_empty:
+                raise EmptyChunk.in_bucket(upload.bucket)
             now = self.clock()
             meta = ChunkMeta(upload.bucket, upload.key, size, hasher.intdigest(), now,
-                             attrs=tuple(sorted(attrs().items())))
+                             attrs=tuple(sorted(attrs().items())),
+                             md5_etag=None if md5_hasher is None else md5_hasher.hexdigest())
             pending.append(chunkfile.encode_footer(meta))
             await _io(writer.publish(pending))
         except BaseException:
@@ -172,10 +195,10 @@ class MultipartStore:
             raise
         finally:
             writer.close()
-        return PartInfo(number, size, meta.checksum, now, dict(meta.attrs))
+        return PartInfo(number, size, meta.checksum, now, dict(meta.attrs), meta.md5_etag)
 
     async def list_parts(self, upload: Upload) -> list[PartInfo]:
-        return [PartInfo(p.number, p.meta.size, p.meta.checksum, p.modified, dict(p.meta.attrs))
+        return [PartInfo(p.number, p.meta.size, p.meta.checksum, p.modified, dict(p.meta.attrs), p.meta.md5_etag)
                 for p in await _io(self.staging.parts(upload.upload_id))]
 
     async def resolve_parts(self, upload: Upload, chosen: Sequence[tuple[int, str]], *, min_part_bytes: int
@@ -202,7 +225,10 @@ class MultipartStore:
         parts: Sequence[PartInfo],
         attrs: Mapping[str, str],
     ) -> PutResult:
-        """Publish the parts, in order, as one chunk (atomic, write-once), then retire the upload."""
+        """Publish the parts, in order, as one chunk (atomic, write-once), then retire the upload. In an
+        MD5-mode bucket the object's ETag is S3's multipart form (``multipart_md5_etag``) when every part
+        has an MD5 (one uploaded before the bucket became MD5-mode has none: the MD5 of the whole body
+        is computed as the parts stream in, instead)."""
         total = sum(p.size for p in parts)
         check_chunk_size(bucket, total)
         existing = await service.lookup_for_write(bucket, upload.key)
@@ -210,9 +236,10 @@ class MultipartStore:
             result = PutResult(False, existing)
         else:
             result = await service.put(bucket, upload.key, self._stream(upload, parts), length=total,
-                                       attrs=dict(attrs))
+                                       attrs=dict(attrs), md5_etag=multipart_md5_etag(parts))
         info = result.info
-        await _io(self.staging.retire(upload.upload_id, CompletedRecord(info.size, info.checksum, info.created)))
+        await _io(self.staging.retire(upload.upload_id, CompletedRecord(info.size, info.checksum, info.created,
+                                                                        info.md5_etag)))
         return result
 
     async def _stream(self, upload: Upload, parts: Sequence[PartInfo]) -> AsyncIterator[bytes]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from backends.base import Tier
 from backends.catalog.secrets import SecretBox, create_key_file, read_key_file
-from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict, CatalogKeyMismatch
+from backends.catalog.store import ETAG_MODES, BucketPolicy, Catalog, CatalogConflict, CatalogKeyMismatch
 from backends.index import NETWORK_FILESYSTEMS, ChunkIndex, filesystem_type
 from backends.posix import PosixTier
 from backends.tiers import TierId
@@ -142,6 +142,8 @@ def validate_policy(policy: BucketPolicy) -> None:
         raise ConfigurationError(f"max_lease_ms must be 0 (no leases) to {MAX_LEASE_MS}")
     if policy.max_leased_bytes is not None and policy.max_leased_bytes < 0:
         raise ConfigurationError("max_leased_bytes must not be negative")
+    if policy.etag_mode not in ETAG_MODES:
+        raise ConfigurationError(f"etag mode must be {' or '.join(ETAG_MODES)}, not {policy.etag_mode!r}")
 
 
 def bootstrap(settings: Settings, catalog: Catalog) -> RootCredentials | None:
@@ -199,7 +201,8 @@ class Gateway:
             sync=settings.index_sync,
             allow_network_fs=settings.index_allow_network_fs,
         )
-        self.fs = PosixTier(settings.fs_root_path, fsync=settings.fsync, direct_writes=settings.fs_direct_writes)
+        self.fs = PosixTier(settings.fs_root_path, fsync=settings.fsync, direct_writes=settings.fs_direct_writes,
+                            visibility_seconds=settings.fs_visibility_seconds)
         self.tiers: dict[TierId, Tier] = {TierId.FS: self.fs}
         if settings.s3 is not None:
             from backends.s3 import S3Tier

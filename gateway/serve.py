@@ -1,4 +1,4 @@
-"""``kvgw serve``: bind the port, build the app, say where everything is, run uvicorn on the bound socket.
+"""``kvgw serve``: bind the port, build the app, say where everything is, serve on the bound socket.
 
 The socket is bound before anything is printed, so a port that is taken ends the start with one line
 (never a banner followed by a traceback), and the banner's curl and aws lines work as printed. TLS
@@ -119,8 +119,7 @@ def serve(settings: Settings) -> int:
         app = create_app(settings)
         root = app.gateway.generated_root
         announce(settings, None if root is None else root, app.gateway.directory.buckets(), workers)
-        run_worker(settings, app, sock)
-        return 0
+        return run_worker(settings, app, sock)
     from gateway.runtime import bootstrap, open_catalog
 
     catalog = open_catalog(settings)  # once, before the workers: root credentials and the default bucket
@@ -155,29 +154,23 @@ def announce(settings: Settings, root: Any, buckets: list[Any], workers: int) ->
               file=sys.stderr, flush=True)
 
 
-def run_worker(settings: Settings, app: Any, sock: socket.socket) -> None:
-    """uvicorn on the bound socket until SIGTERM/SIGINT, which drain in-flight requests first."""
-    import uvicorn
+def run_worker(settings: Settings, app: Any, sock: socket.socket) -> int:
+    """kvgw's HTTP server (``gateway.dataplane``) on the bound socket until SIGTERM/SIGINT, which drain
+    in-flight requests first; the exit status (0 after a clean stop)."""
+    import ssl
 
-    from gateway.api.connections import ConnectionLimits
-    from gateway.api.lane import protocol_class
+    from gateway.dataplane.limits import ConnectionLimits
+    from gateway.dataplane.server import HttpServer, ServerState, run
 
     limits = ConnectionLimits(settings.header_timeout, settings.idle_timeout, settings.max_connections,
                               settings.max_connections_per_client)
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http=protocol_class(limits, app.lane),  # httptools, one write per small answer, guards, lookup lane
-        lifespan="on",
-        log_level=settings.log_level,
-        log_config=None,  # uvicorn's loggers go through the handler gateway.logs set up
-        access_log=settings.access_log,
-        timeout_keep_alive=int(limits.idle_timeout) or 1,
-        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
-        ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
-        ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    context = None
+    if settings.tls_cert:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None)
+    state = ServerState(app, limits, lane=app.lane, access_log=settings.access_log)
+    server = HttpServer(state, ssl_context=context, shutdown_grace=max(1.0, settings.shutdown_grace_seconds))
+    return run(server, sock)
 
 
 class Supervisor:
@@ -237,7 +230,7 @@ class Supervisor:
             try:
                 from gateway.app import create_app
 
-                run_worker(self._settings, create_app(self._settings), self._sock)
+                code = run_worker(self._settings, create_app(self._settings), self._sock)
             except BaseException:
                 log.exception("worker %d failed", slot)
                 code = 1

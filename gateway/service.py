@@ -98,7 +98,8 @@ class _StaleEntry(Exception):
 
 class _BodyTally:
     """What a PUT has received so far: its size, held to the declared length and the bucket's chunk
-    size limit as the bytes arrive, its xxh3-64 and, when the client sent a Content-MD5, its MD5. Fed
+    size limit as the bytes arrive, its xxh3-64 and, when the client sent a Content-MD5 or the bucket's
+    ETags are MD5s, its MD5. Fed
     one piece at a time, from the event loop or from a receiving thread, never both at once."""
 
     def __init__(self, bucket: BucketPolicy, length: int | None, *, md5: bool) -> None:
@@ -190,7 +191,7 @@ class ChunkService:
             return ChunkInfo.from_entry(entry) if self._readable(digest, entry, self._clock()) else None
         return (await self._fall_through_many([digest], bucket.name, [key], strict=strict))[0]
 
-    # -- the same answers without waiting (the lookup lane, gateway.api.lane) -----------------------
+    # -- the same answers without waiting (the lookup lane, gateway.dataplane.lane) -----------------------
     #
     # Each gives what its async namesake gives when that needs no waiting: an index hit, or a miss
     # every tier to be asked rules out at once (``Tier.absent_now``: a local filesystem's dentry
@@ -429,7 +430,7 @@ class ChunkService:
     async def _index_found(self, digest: bytes, meta: ChunkMeta, bit: TierId, now: float) -> ChunkInfo:
         """Index a copy found in a tier (written by another gateway, or before the index was lost)."""
         entry = IndexEntry(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires,
-                           last_access=now, tiers=bit)
+                           last_access=now, tiers=bit, md5_etag=meta.md5_etag)
         parent = None if meta.parent is None else chunk_digest(meta.bucket, meta.parent)
         await self._index.put(digest, entry, parent)
         info = ChunkInfo.from_entry(entry)
@@ -523,6 +524,7 @@ class ChunkService:
         parent: str | None = None,
         attrs: dict[str, str] | None = None,
         threaded: ThreadedBody | None = None,
+        md5_etag: str | None = None,
         marks: int = 0,
     ) -> PutResult:
         """Stream ``body`` into the bucket's write tier; publish only if complete and matching the
@@ -534,6 +536,11 @@ class ChunkService:
         chunk size limit, which is then enforced as the bytes arrive. ``threaded``: the same body, whose
         leading pieces can be received in a worker thread; where the tier can take bytes from that
         thread (``SyncStagedChunk``), they are hashed and written there, and ``body`` yields the rest.
+
+        ETags (``BucketPolicy.etag_mode``): in an MD5-mode bucket the chunk records its S3 ETag, the MD5
+        of the body, computed by the same pass that computes its xxh3 (in the receiving thread for a
+        threaded receive), never by a second read; ``md5_etag`` gives it instead when the caller has it
+        already (a multipart upload's, made of its parts' MD5s). Other buckets record none.
         ``marks``: hint marks the chunk starts with (its retention class, ``gateway.hints``).
         """
         if length is not None:
@@ -542,7 +549,8 @@ class ChunkService:
         bit = TierId.S3 if bucket.write_tier == TierId.S3.label and self._s3 is not None else TierId.FS
         tier = self._tiers[bit]
         digest = chunk_digest(bucket.name, key)
-        tally = _BodyTally(bucket, length, md5=md5 is not None)
+        md5_mode = bucket.etag_mode == "md5"
+        tally = _BodyTally(bucket, length, md5=md5 is not None or (md5_mode and md5_etag is None))
         try:
             staged = await tier.stage(digest)
         except backend.BackendError as exc:
@@ -556,15 +564,21 @@ class ChunkService:
             size = tally.received
             if length is not None and size != length:
                 raise IncompleteBody(f"received {size} of {length} bytes")
+            if length is None:
+                check_chunk_size(bucket, size)  # a chunked body that ended without a byte
             value = tally.hasher.intdigest()
             if checksum is not None and checksum != value:
                 raise BadDigest("the body does not match X-Kvgw-Checksum")
-            if tally.md5 is not None and tally.md5.digest() != md5:
+            if md5 is not None and tally.md5 is not None and tally.md5.digest() != md5:
                 raise BadDigest("the body does not match Content-MD5")
+            if not md5_mode:
+                md5_etag = None
+            elif md5_etag is None and tally.md5 is not None:
+                md5_etag = tally.md5.hexdigest()
             now = self._clock()
             ttl = ttl if ttl is not None else bucket.default_ttl_seconds
             meta = ChunkMeta(bucket.name, key, size, value, now, now + ttl if ttl else 0.0, parent,
-                             tuple(sorted((attrs or {}).items())))
+                             tuple(sorted((attrs or {}).items())), md5_etag)
             created = await staged.publish(meta)
         except backend.BackendError as exc:
             await staged.discard()
@@ -577,11 +591,11 @@ class ChunkService:
             if existing is None:
                 # Another write won, and its chunk was already evicted or deleted: to the client this
                 # is the same as "stored, then evicted". Report what the winner held as far as we know.
-                existing = ChunkInfo(bucket.name, key, size, value, now, meta.expires, bit)
+                existing = ChunkInfo.from_meta(meta, bit)
             return PutResult(False, existing)
         parent_digest = None if parent is None else chunk_digest(bucket.name, parent)
         entry = IndexEntry(bucket.name, key, size, value, now, meta.expires, last_access=now, tiers=bit,
-                           marks=marks)
+                           md5_etag=md5_etag, marks=marks)
         replicate = bucket.write_through and bit == TierId.FS and self._s3 is not None
         if replicate and self._index.pending_count() >= self._settings.write_through_max_pending:
             replicate = False
@@ -657,11 +671,12 @@ class ChunkService:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    async def open(self, bucket: BucketPolicy, key: str, byte_range: ByteRange | None = None) -> ChunkBody:
+    async def open(self, bucket: BucketPolicy, key: str, byte_range: ByteRange | None = None, *,
+                   reader_verifies: bool = False, as_file: bool = False) -> ChunkBody:
         info = await self.lookup(bucket, key)
         if info is None:
             raise NoSuchChunk()
-        return await self.open_info(info, byte_range)
+        return await self.open_info(info, byte_range, reader_verifies=reader_verifies, as_file=as_file)
 
     async def open_many(self, bucket: BucketPolicy, keys: Sequence[str], *, read_ahead: bool = False
                         ) -> list[ChunkInfo | None]:
@@ -697,8 +712,15 @@ class ChunkService:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def open_info(self, info: ChunkInfo, byte_range: ByteRange | None = None) -> ChunkBody:
+    async def open_info(self, info: ChunkInfo, byte_range: ByteRange | None = None, *,
+                        reader_verifies: bool = False, as_file: bool = False) -> ChunkBody:
         """Verified bytes of a resolved chunk, from the best tier holding it.
+
+        ``reader_verifies``: the reader checks the bytes against ``info.checksum`` itself (kvgw's client
+        does, on every get and batch-get frame), so they are not verified here: every byte is verified
+        once, at the end that consumes it; a reader that finds a mismatch reports it (``report_damaged``).
+        With ``as_file`` too, a copy in the filesystem tier comes as an open file (``ChunkBody.fd``), for
+        the HTTP server to ``sendfile``: the bytes never enter this process.
 
         NoSuchChunk if every copy vanished or failed verification; ServiceUnavailable if the only
         copy is in a tier that cannot be reached.
@@ -717,7 +739,9 @@ class ChunkService:
                     if (bit == TierId.S3 and self._settings.promote_on_read
                             and await self._promote(digest, info)):
                         source = TierId.FS
-                    body = await self._read_copy(source, digest, info, offset, length)
+                    body = await self._read_copy(source, digest, info, offset, length,
+                                                 verify=self._settings.verify_reads and not reader_verifies,
+                                                 as_file=as_file)
                     if body is not None:
                         self._events.read(info.bucket, digest, source, now)
                         if self._leases is not None:
@@ -760,12 +784,14 @@ class ChunkService:
         found = await self._fall_through_many([digest], info.bucket, [info.key], strict=False)
         return found[0]
 
-    async def _read_copy(self, bit: TierId, digest: bytes, info: ChunkInfo, offset: int, length: int
-                         ) -> ChunkBody | None:
-        """The verified range from one tier's copy, or None if that copy is gone or damaged (the index
-        and the tier are corrected first)."""
+    async def _read_copy(self, bit: TierId, digest: bytes, info: ChunkInfo, offset: int, length: int, *,
+                         verify: bool, as_file: bool) -> ChunkBody | None:
+        """The range from one tier's copy (verified if ``verify``; an open file if ``as_file`` and the
+        tier has files), or None if that copy is gone or damaged (the index and the tier are corrected
+        first)."""
         tier = self._tiers[bit]
-        verify = self._settings.verify_reads
+        if as_file and not verify and isinstance(tier, FileLocator):
+            return await self._open_copy(tier, tier, bit, digest, info, offset, length)
         whole = info.size if verify else length
         release = self._budget.try_take(whole) if whole <= self._settings.whole_read_max_bytes else None
         try:
@@ -801,6 +827,53 @@ class ChunkService:
             if release is not None:
                 release()
             raise
+
+    async def _open_copy(self, tier: Tier, files: FileLocator, bit: TierId, digest: bytes, info: ChunkInfo,
+                         offset: int, length: int) -> ChunkBody | None:
+        """The range as an open file (``open_info``'s ``as_file``): no byte is read here, and no read
+        budget is taken (the kernel sends from the page cache)."""
+        try:
+            fd = await files.open_data(digest, info.size)
+        except backend.ChunkCorrupt:
+            await self._check_stale(tier, bit, digest, info)  # re-written since: _StaleEntry
+            await self._quarantine(tier, bit, digest, info)
+            return None
+        except backend.ChunkNotFound:
+            await self._forget_copy(digest, info, bit, "vanished")
+            return None
+        except backend.BackendError as exc:
+            raise translate_backend_error(exc) from exc
+        return ChunkBody(info, offset, length, fd=fd, tier=bit)
+
+    async def report_damaged(self, bucket: BucketPolicy, keys: Sequence[str]) -> int:
+        """Readers that verify (``open_info``'s ``reader_verifies``) report chunks whose bytes did not
+        match their checksum here. Each one's filesystem copy is verified again, here, and quarantined
+        if it really is damaged (a report alone destroys nothing: a wrong or hostile report costs one
+        read); the next read is then served from another tier's copy, or answers 404. The number of
+        copies quarantined."""
+        quarantined = 0
+        fs = self._tiers.get(TierId.FS)
+        if fs is None:
+            return 0
+        for key in keys:
+            info = await self.lookup(bucket, key)
+            if info is None or not info.tiers & TierId.FS:
+                continue
+            digest = chunk_digest(bucket.name, key)
+            try:
+                await fs.read(digest, 0, info.size, checksum=info.checksum)
+            except backend.ChunkCorrupt:
+                try:
+                    await self._check_stale(fs, TierId.FS, digest, info)
+                except _StaleEntry:
+                    continue  # the index was behind the file, not the file damaged: corrected
+                await self._quarantine(fs, TierId.FS, digest, info)
+                quarantined += 1
+            except backend.ChunkNotFound:
+                await self._forget_copy(digest, info, TierId.FS, "vanished")
+            except backend.BackendError as exc:
+                raise translate_backend_error(exc) from exc
+        return quarantined
 
     async def _quarantine(self, tier: Tier, bit: TierId, digest: bytes, info: ChunkInfo) -> None:
         log.warning("chunk %s/%s failed verification in %s: quarantined", info.bucket, info.key, bit.label)

@@ -33,6 +33,9 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         "s3_breaker": getattr(gateway.tiers.get(TierId.S3), "breaker_state", None),  # closed/open/half-open
         "moved_bytes": dict(mover.moved_bytes),
         "promotions": mover.promotions,
+        # chunk files the directory listed but a lookup here missed (another host created them after a
+        # lookup here: NFS / FUSE negative caches): retried, and given up on after fs_visibility_seconds
+        "fs_hidden": {"seen": gateway.fs.hidden_seen, "refused": gateway.fs.hidden_refused},
         "write_through_skipped": gateway.service.write_through_skipped,
         "leases": asdict(gateway.leases.stats),  # read leases this process granted, and the lifecycle left
         "cluster": gateway.cluster.stats(),  # usage of the whole tier (all gateways), feed, member

@@ -48,6 +48,10 @@ class Bucket(Base):
     # read leases (revision 0006): the longest lease a lookup may take, and the bytes leased at once
     max_lease_ms: Mapped[int] = mapped_column(Integer, default=10_000)
     max_leased_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # revision 0007: whether zero-length objects are accepted (a KV-cache chunk is never empty)
+    allow_empty_objects: Mapped[bool] = mapped_column(Boolean, default=False)
+    # ETag mode (revision 0008): "xxh3" or "md5" (backends.catalog.store.ETAG_MODES)
+    etag_mode: Mapped[str] = mapped_column(String(8), default="xxh3")
 
 
 class Credential(Base):

@@ -46,6 +46,12 @@ class CatalogNotFound(Exception):
     """No such bucket or credential."""
 
 
+ETAG_MODES = ("xxh3", "md5")
+"""A bucket's ETag mode: ``xxh3``, the chunk's own checksum (free: every write computes it anyway);
+``md5``, S3's (the MD5 of the body, or of a multipart upload's part MD5s then ``-N``), for buckets
+that generic S3 tools (``aws s3 sync``, rclone) compare with the MD5 of their files."""
+
+
 @dataclass(frozen=True, slots=True)
 class BucketPolicy:
     """A bucket's limits, access and placement. Capacities are bytes; None means unlimited."""
@@ -64,6 +70,8 @@ class BucketPolicy:
     eviction_policy: str = "default"
     max_lease_ms: int = 10_000  # the longest read lease a lookup may take (gateway.leases)
     max_leased_bytes: int | None = None  # bytes leased at once; None: a tenth of the capacity, if any
+    allow_empty_objects: bool = False  # accept zero-length PUTs (generic S3 use; a KV chunk is never empty)
+    etag_mode: str = "xxh3"  # ETAG_MODES: what the S3 API's ETags of new chunks are (gateway.buckets)
 
     def leased_bytes_cap(self) -> int | None:
         """The bytes that may be leased at once in this bucket (None: no cap: nothing is evicted)."""

@@ -46,7 +46,7 @@ MAX_KEY_LEN = 900
 
 @dataclass(frozen=True)
 class HiCacheSettings:
-    """The backend's extra-config keys (README, "SGLang HiCache"), with the client's own."""
+    """The backend's extra-config keys (docs/sglang.md), with the client's own."""
 
     client: ClientSettings
     prefix: str = ""  # extra name prefix, e.g. to separate deployments sharing a bucket

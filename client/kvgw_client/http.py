@@ -139,6 +139,11 @@ class _Credit:
             self.sem.release()
 
 
+VERIFYING = {wire.H_VERIFY: wire.VERIFY_XXH3}
+"""Sent on every read: this client checks each chunk against its checksum (``PayloadWriter.digest``, the
+batch reader's frames), so the gateway sends the bytes unverified, from the page cache by sendfile."""
+
+
 class KvgwClient:
     def __init__(
         self,
@@ -156,7 +161,7 @@ class KvgwClient:
         self._log = logger or log
         self._lease_refusals: set[str] = set()  # reasons already logged
         self._leases = HeldLeases(clock)  # read leases granted to this client's lookups
-        self._background: set[asyncio.Future[int]] = set()  # touches of direct reads, sent after them
+        self._background: set[asyncio.Future[Any]] = set()  # touches of direct reads and damage reports
         self._untouched: dict[str, None] = {}  # keys read directly and not reported yet, in read order
         self._touch_timer: asyncio.TimerHandle | None = None
         self._policy = CallPolicy(
@@ -661,7 +666,7 @@ class KvgwClient:
             async with (
                 translate("get"),
                 _maybe_timeout(self.settings.timeouts.transfer),
-                self._http().get(url) as resp,
+                self._http().get(url, headers=VERIFYING) as resp,
             ):
                 if resp.status == 404:
                     err = await error_from(resp)
@@ -691,7 +696,8 @@ class KvgwClient:
                 if writer.remaining:
                     raise Unavailable(f"get: body cut short, {writer.remaining} of {length} bytes missing")
                 if expected is not None and writer.digest() != expected:
-                    raise ProtocolError(f"get {key[:80]!r}: payload checksum mismatch")
+                    self._report_damaged([key])
+                    raise ProtocolError(f"get {key[:80]!r}: payload checksum mismatch (reported to the gateway)")
                 self.counters.add("get.bytes", length)
                 return BatchItem(0, ItemStatus.OK, length, data)
 
@@ -902,7 +908,7 @@ class KvgwClient:
 
         async def open_stream() -> aiohttp.ClientResponse:
             async with translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
-                resp = await self._http().post(url, json={"keys": keys})
+                resp = await self._http().post(url, json={"keys": keys}, headers=VERIFYING)
                 try:
                     if resp.status != 200:
                         raise await error_from(resp)
@@ -914,6 +920,7 @@ class KvgwClient:
                 return resp
 
         failure: KvgwClientError | None = None
+        damaged: list[str] = []
         try:
             resp = await self._policy.attempts("batch_get", open_stream)
         except KvgwClientError as exc:
@@ -924,6 +931,8 @@ class KvgwClient:
                     try:
                         async for chunk in resp.content.iter_any():
                             for item in reader.feed(chunk):
+                                if item.status is ItemStatus.CORRUPT:
+                                    damaged.append(keys[item.index])
                                 yield BatchItem(positions[item.index], item.status, item.length, item.data)
                             if reader.error is not None:
                                 break
@@ -940,10 +949,26 @@ class KvgwClient:
                 failure = exc
                 self._policy.note_failure("batch_get", exc)
             self.counters.add("batch_get.bytes", reader.bytes_received)
+        if damaged:
+            self._report_damaged(damaged)
         for item in reader.close():
             yield BatchItem(positions[item.index], item.status)
         if failure is not None:
             yield failure
+
+    def _report_damaged(self, keys: list[str]) -> None:
+        """Tell the gateway which chunks arrived with bytes that do not match their checksum (one call,
+        in the background): it verifies its copy and quarantines it if damaged, so the next read is
+        served from another tier or is a miss. Best effort: a report that fails changes nothing."""
+        self.counters.add("damaged_reported", len(keys))
+
+        async def report() -> None:
+            with contextlib.suppress(KvgwClientError, aiohttp.ClientError, OSError, TimeoutError):
+                await self._post_attempt("damaged", "damaged", {"keys": keys}, lambda doc: doc)
+
+        task = asyncio.ensure_future(report())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _ping(self) -> bool:
         ok = await self._probe_once()

@@ -1,6 +1,6 @@
 """kvgw as SGLang's HiCache L3 storage backend (SGLang 0.5.23), over kvgw's native chunk API.
 
-Launch flags (README, "SGLang HiCache", lists every key with its default)::
+Launch flags (docs/sglang.md lists every key with its default)::
 
     --enable-hierarchical-cache --hicache-storage-backend dynamic
     --hicache-storage-backend-extra-config '{"backend_name": "kvgw", "module_path": "kvgw_client.sglang",

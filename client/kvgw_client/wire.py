@@ -38,6 +38,8 @@ H_PARENT = "x-kvgw-parent"  # key of the previous chunk in the same prefix chain
 H_EXISTED = "x-kvgw-existed"  # "true" on a PUT answered 200 because the key was already stored
 H_TIER = "x-kvgw-tier"  # tier a GET/HEAD was served from
 H_REQUEST_ID = "x-kvgw-request-id"
+H_VERIFY = "x-kvgw-verify"  # on GET and batch-get: the client checks each chunk against its checksum itself
+VERIFY_XXH3 = "xxh3"  # the one value of H_VERIFY: the server then sends the bytes unverified (zero-copy)
 H_RETENTION = "x-kvgw-retention"  # a chunk's retention class (``Retention``), on PUT
 H_DECLINED = "x-kvgw-declined"  # on a 507 Declined answer to PUT: admission did not store it (why)
 
@@ -61,6 +63,7 @@ class Retention(enum.StrEnum):
     SHARED = "shared"
     NORMAL = "normal"
     ONE_OFF = "one-off"
+
 
 BATCH_CONTENT_TYPE = "application/x-kvgw-batch"
 CHUNK_CONTENT_TYPE = "application/octet-stream"
@@ -88,6 +91,7 @@ class ErrorCode:
     BAD_DIGEST = "BadDigest"
     MISSING_CONTENT_LENGTH = "MissingContentLength"
     CHUNK_TOO_LARGE = "ChunkTooLarge"
+    EMPTY_CHUNK = "EmptyChunk"
     PRECONDITION_FAILED = "PreconditionFailed"
     INVALID_RANGE = "InvalidRange"
     UNAUTHORIZED = "Unauthorized"

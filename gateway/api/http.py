@@ -67,6 +67,17 @@ def _http_date_of_second(second: int) -> str:
 THREADED_BODY = "kvgw.threaded_body"
 """The scope extension under which the body intake offers itself as a ``ThreadedBody`` (``threaded_body``)."""
 
+ZEROCOPY = "http.response.zerocopysend"
+"""The ASGI extension (``scope["extensions"]``, and the message type) for sending bytes of an open file
+without reading them into Python: kvgw's HTTP server offers it on connections that can (not over TLS)."""
+
+
+def sends_files(scope: Scope) -> bool:
+    """Whether the server answering ``scope`` takes ``ZEROCOPY`` messages."""
+    extensions = scope.get("extensions")
+    return extensions is not None and ZEROCOPY in extensions
+
+
 RETRIED = "kvgw.retried"
 """Scope key an API sets to True when the client marked the request as a retry of an earlier attempt
 (``gateway.metrics`` counts it in ``kvgw_retried_requests``)."""
@@ -74,7 +85,7 @@ RETRIED = "kvgw.retried"
 
 class IndexedAnswer(NamedTuple):
     """A complete answer an API found without awaiting anything (``answer_indexed``: the lookup lane,
-    ``gateway.api.lane``)."""
+    ``gateway.dataplane.lane``)."""
 
     op: str  # the operation's metrics name (``gateway.metrics``)
     headers: Headers  # content-length included (a HEAD's names the object's size)
@@ -141,7 +152,7 @@ class Request:
                 yield piece
 
     def threaded_body(self) -> ThreadedBody | None:
-        """The body as a ``ThreadedBody`` (``gateway.api.intake``'s threaded receives) when the body
+        """The body as a ``ThreadedBody`` (``gateway.dataplane.intake``'s threaded receives) when the body
         intake takes it, else None; what it receives counts as received, as ``body`` counts."""
         extensions = self.scope.get("extensions") or {}
         intake: ThreadedBody | None = extensions.get(THREADED_BODY)
@@ -269,12 +280,15 @@ class ResponseState:
 
 
 class Body(Protocol):
-    """Response bytes ``[offset, offset+length)`` of something, held whole (``data``) or streamed in
-    pieces (iteration); the service's ChunkBody."""
+    """Response bytes ``[offset, offset+length)`` of something, held whole (``data``), streamed in
+    pieces (iteration) or in an open file (``fd``, sent with ``sendfile``); the service's ChunkBody."""
 
     data: bytes | memoryview | None
+    fd: int | None
     offset: int
     length: int
+
+    def fileno(self) -> int: ...
 
     def __aiter__(self) -> AsyncIterator[bytes | memoryview]: ...
 
@@ -290,6 +304,9 @@ async def send_body(send: Send, headers: Headers, body: Body, *, range_of: int |
     await send({"type": "http.response.start", "status": status, "headers": headers})
     if body.data is not None:
         await send({"type": "http.response.body", "body": body.data})
+        return
+    if body.fd is not None:
+        await send({"type": ZEROCOPY, "file": body, "offset": body.offset, "count": body.length})
         return
     async for piece in body:
         await send({"type": "http.response.body", "body": piece, "more_body": True})

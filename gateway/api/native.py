@@ -11,7 +11,13 @@
     POST   /v1/buckets/{bucket}/touch           {"keys": [...]} -> {"touched": n} (reads done elsewhere)
     POST   /v1/buckets/{bucket}/locate          {"keys": [...]} -> {"chunks": [location | null, ...]}
     POST   /v1/buckets/{bucket}/list            {"prefix", "after", "limit"} -> {"keys": [...], "truncated"}
+    POST   /v1/buckets/{bucket}/damaged         {"keys": [...]} -> {"quarantined": n} (a verifying reader's report)
     POST   /v1/buckets/{bucket}/hints           {"hint", "keys": [...]} -> {"applied": n} (engine hints)
+
+GET and batch-get from a client that sends ``x-kvgw-verify: xxh3`` (it checks every chunk against its
+checksum, as kvgw's client does) are answered without verifying here: the bytes go from the page
+cache to the socket by ``sendfile`` (``ChunkService.open_info``'s ``reader_verifies``); other readers
+(curl, S3 SDKs) get bytes verified here before the first one leaves.
 
 A PUT may carry ``X-Kvgw-Retention`` (a retention class: ``shared``, ``normal``, ``one-off``). A PUT that
 admission declines (the tier at its watermarks, the chunk predicted to be read again less than what it
@@ -46,6 +52,7 @@ from backends.tiers import TierId
 from gateway import errors
 from gateway.access import Action, Directory
 from gateway.api.http import (
+    ZEROCOPY,
     Headers,
     IndexedAnswer,
     RawHeaders,
@@ -62,6 +69,7 @@ from gateway.api.http import (
     path_segment,
     send_body,
     send_response,
+    sends_files,
 )
 from gateway.buckets import check_chunk_size
 from gateway.chunks import ChunkBody, ChunkInfo, ChunkLocation
@@ -99,6 +107,7 @@ STATUS: dict[type[KvgwError], int] = {
     errors.InvalidRange: 416,
     errors.MissingContentLength: 411,
     errors.ChunkTooLarge: 413,
+    errors.EmptyChunk: 400,
     errors.PreconditionFailed: 412,
     errors.Unauthorized: 401,
     errors.AccessDenied: 403,
@@ -161,9 +170,10 @@ class NativeAPI:
             "touch": self._touch,
             "locate": self._locate,
             "list": self._list,
+            "damaged": self._damaged,
             "hints": self._hints,
         }
-        # what the lookup lane (``gateway.api.lane``) may answer without an ASGI request cycle
+        # what the lookup lane (``gateway.dataplane.lane``) may answer without an ASGI request cycle
         self._indexed_chunk_handlers: dict[str, IndexedHandler] = {"HEAD": self._head_indexed}
         self._indexed_post_handlers: dict[str, IndexedHandler] = {
             op: functools.partial(self._lookup_indexed, op) for op in ("exists", "prefix")}
@@ -187,7 +197,7 @@ class NativeAPI:
 
     def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders, body: bytes) -> IndexedAnswer | None:
         """The answer to a HEAD, exists or prefix that the index and the in-memory views give in full,
-        computed without awaiting anything, for the lookup lane (``gateway.api.lane``).
+        computed without awaiting anything, for the lookup lane (``gateway.dataplane.lane``).
 
         None when the request needs anything more: any error, a credential or bucket the view does not
         hold yet, a miss only a tier's answer settles (``Tier.absent_now``), a lease. Nothing was
@@ -337,7 +347,9 @@ class NativeAPI:
     async def _get(self, req: Request, send: Send, bucket_name: str, key: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         byte_range = parse_range(req.header("range"))
-        body = await self.service.open(bucket, key, byte_range)
+        verifies = _reader_verifies(req)
+        body = await self.service.open(bucket, key, byte_range, reader_verifies=verifies,
+                                       as_file=verifies and sends_files(req.scope))
         try:
             headers = self._chunk_headers(req.request_id, body.info, body.tier)
             await send_body(send, headers, body, range_of=None if byte_range is None else body.info.size)
@@ -415,7 +427,7 @@ class NativeAPI:
         await self._send_json(req, send, {"touched": self.service.touch(bucket, keys)})
 
     async def _locate(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
-        """Where each chunk's file is, for clients that mount the filesystem tier (see README)."""
+        """Where each chunk's file is, for clients that mount the filesystem tier (see docs/native-api.md)."""
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
         located = await self.service.locate(bucket, keys)
@@ -426,6 +438,14 @@ class NativeAPI:
             located = [None if key in absent else loc for key, loc in zip(keys, located, strict=True)]
             answer["lease"] = grant.doc()
         await self._send_json(req, send, {"chunks": [_location_doc(loc) for loc in located], **answer})
+
+    async def _damaged(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """A client that verifies what it reads (``x-kvgw-verify``) found chunks whose bytes do not match
+        their checksum: each copy is verified here and quarantined if damaged, so the next read comes
+        from another tier's copy (or is a miss)."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        keys = await self._keys(req)
+        await self._send_json(req, send, {"quarantined": await self.service.report_damaged(bucket, keys)})
 
     async def _list(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Live keys under a prefix, strictly after ``after``, in UTF-8 byte order (S3's): for clients
@@ -460,6 +480,8 @@ class NativeAPI:
         """Stream every requested chunk in order; the next chunk is read while this one is sent."""
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys = await self._keys(req)
+        verifies = _reader_verifies(req)
+        as_file = verifies and sends_files(req.scope)
         infos = await self.service.open_many(bucket, keys, read_ahead=True)
         headers = self._base_headers(req)
         headers.append((b"content-type", wire.BATCH_CONTENT_TYPE.encode()))
@@ -471,7 +493,7 @@ class NativeAPI:
             if info is None:
                 return wire.FRAME_MISSING
             try:
-                return await self.service.open_info(info)
+                return await self.service.open_info(info, reader_verifies=verifies, as_file=as_file)
             except NoSuchChunk:
                 return wire.FRAME_MISSING
             except KvgwError:
@@ -491,8 +513,12 @@ class NativeAPI:
                 try:
                     frame = wire.encode_frame_header(wire.FRAME_OK, opened.length, opened.info.checksum)
                     await send({"type": "http.response.body", "body": frame, "more_body": True})
-                    async for piece in opened:
-                        await send({"type": "http.response.body", "body": piece, "more_body": True})
+                    if opened.fd is not None:
+                        await send({"type": ZEROCOPY, "file": opened, "offset": 0, "count": opened.length,
+                                    "more_body": True})
+                    else:
+                        async for piece in opened:
+                            await send({"type": "http.response.body", "body": piece, "more_body": True})
                 finally:
                     await opened.close()
         finally:
@@ -535,6 +561,11 @@ def _route(method: str, raw_path: str, chunk_handlers: dict[str, H], post_handle
     if method != "POST":
         raise MethodNotAllowed()
     return post, bucket, ""
+
+
+def _reader_verifies(req: Request) -> bool:
+    """The client checks every chunk it reads against its checksum itself (``wire.H_VERIFY``)."""
+    return (req.header(wire.H_VERIFY) or "").strip().lower() == wire.VERIFY_XXH3
 
 
 def _valid_bucket_name(name: str) -> str:

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -166,6 +167,7 @@ class BaselineProcess:
     loopback port, so its CPU is measured apart from the load generator's."""
 
     name = "baseline"
+    module = "gateway.bench.baselines"  # what ``python -m`` runs (a bench's own servers: its module)
 
     def __init__(self, workdir: Path, wrapper: Sequence[str] = ()) -> None:
         self.workdir = workdir
@@ -182,7 +184,7 @@ class BaselineProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [*self.wrapper, sys.executable, "-m", "gateway.bench.baselines", "--port", str(self.port), *args],
+                [*self.wrapper, sys.executable, "-m", self.module, "--port", str(self.port), *args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         wait_until(lambda: http_ok(self.address, probe), self.proc, self.name, self.log,
@@ -211,23 +213,26 @@ class FastAPIApp(BaselineProcess):
 
 
 class PutSink(BaselineProcess):
-    """``serve_put_sink``: the floor for a PUT server (issue 14, item 3)."""
+    """``serve_put_sink``: the floor for a PUT server (issue 14, item 3). ``directory`` None: the
+    receive-only sink (issue 31), each body received into one reused buffer and dropped."""
 
-    def __init__(self, workdir: Path, directory: Path, *, fsync: bool) -> None:
+    def __init__(self, workdir: Path, directory: Path | None, *, fsync: bool) -> None:
         super().__init__(workdir)
-        self.name = "put-sink" if fsync else "put-sink-no-fsync"
+        self.name = "put-sink-receive-only" if directory is None else "put-sink" if fsync else "put-sink-no-fsync"
         self.log = workdir / f"{self.name}.out"
         self.directory = directory
         self.fsync = fsync
 
     def start(self) -> PutSink:
-        self._spawn(["--put-sink", str(self.directory), *([] if self.fsync else ["--no-fsync"])], "/probe")
+        where = ["--receive-only"] if self.directory is None else ["--put-sink", str(self.directory)]
+        self._spawn([*where, *([] if self.fsync else ["--no-fsync"])], "/probe")
         return self
 
     def clear(self) -> None:
         """Remove the files written so far."""
-        for path in (self.directory / "final").glob("*"):
-            path.unlink(missing_ok=True)
+        if self.directory is not None:
+            for path in (self.directory / "final").glob("*"):
+                path.unlink(missing_ok=True)
 
 
 class RawResponder(BaselineProcess):
@@ -355,11 +360,16 @@ class IndexedLookups:
         self._chunks = self._env.open_db(b"chunks", create=False)
         self._bucket = bucket
 
-    def exists(self, body: bytes) -> bytes:
+    def exists_json(self, body: bytes) -> bytes:
+        """The answer's JSON body alone (``kvgw bench dataplane``'s servers frame it themselves)."""
         keys = orjson.loads(body)["keys"]
         with self._env.begin(db=self._chunks) as txn:
             alive = alive_in(txn, digest_many(self._bucket, keys), time.time())
         answer: bytes = orjson.dumps({"exists": alive})
+        return answer
+
+    def exists(self, body: bytes) -> bytes:
+        answer = self.exists_json(body)
         return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
             len(answer), answer)
 
@@ -419,7 +429,7 @@ def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None,
     loop.run_forever()
 
 
-def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
+def serve_put_sink(port: int, directory: Path | None, *, fsync: bool) -> None:
     """The floor for an HTTP PUT server in Python here (issue 14, item 3): a thread per keep-alive
     connection that reads each request head, receives the body straight into a 2 MiB buffer
     (``recv_into``) and stores it as ``raw_write_op`` does (``store_file``), then answers 201. No
@@ -427,13 +437,17 @@ def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
     making them durable costs. A DELETE removes the file the connection stored last and answers 204
     (a PUT+DELETE pair recycles page-cache pages, as a store whose chunks are deleted does). Any other
     request (the readiness probe) is answered 200. Other files stay under ``directory`` for the caller
-    to remove."""
+    to remove.
+
+    ``directory`` None: the receive-only sink (issue 31): each body is received into the one buffer and
+    dropped, nothing written: the floor of any HTTP PUT here."""
     import socket
     import threading
 
-    staging, final = directory / "staging", directory / "final"
-    staging.mkdir(parents=True, exist_ok=True)
-    final.mkdir(parents=True, exist_ok=True)
+    staging, final = (directory / "staging", directory / "final") if directory is not None else (None, None)
+    for folder in (staging, final):
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
     names = itertools.count()
 
     def received(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> Iterator[memoryview]:
@@ -453,9 +467,13 @@ def serve_put_sink(port: int, directory: Path, *, fsync: bool) -> None:
             yield buffer[:size]
             at += size
 
-    def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> str:
-        return store_file(str(staging), str(final), f"{os.getpid()}-{next(names)}",
-                          received(conn, first, length, buffer), fsync=fsync)
+    def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> str | None:
+        pieces = received(conn, first, length, buffer)
+        if staging is None or final is None:
+            for _ in pieces:
+                pass
+            return None
+        return store_file(str(staging), str(final), f"{os.getpid()}-{next(names)}", pieces, fsync=fsync)
 
     def handle(conn: socket.socket) -> None:
         buffer = memoryview(bytearray(WRITE_PIECE))
@@ -512,9 +530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bucket", default="kvcache", help="--index: the bucket the keys are in")
     parser.add_argument("--put-sink", type=Path, metavar="DIR",
                         help="run serve_put_sink instead: PUT bodies written under DIR (the floor for a PUT server)")
+    parser.add_argument("--receive-only", action="store_true",
+                        help="run serve_put_sink receiving each PUT body into one buffer, storing nothing")
     parser.add_argument("--no-fsync", action="store_true", help="--put-sink: write without fsync")
     args = parser.parse_args(argv)
-    if args.put_sink is not None:
+    if args.put_sink is not None or args.receive_only:
         serve_put_sink(args.port, args.put_sink, fsync=not args.no_fsync)
         return 0
     if args.raw:
@@ -573,34 +593,72 @@ def store_file(staging: str, final_dir: str, name: str, pieces: Iterable[memoryv
     name removed, the directory fsynced (no fsync and no writeback with ``fsync=False``). With ``direct``,
     whole blocks go around the page cache as the tier's direct writes send them (``write_direct``).
     The final path."""
-    tmp = f"{staging}/{name}.part"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    direct_fd = open_direct(tmp) if direct else None
+    staged = StagedFile(staging, final_dir, name, fsync=fsync, direct=direct)
     try:
-        at = 0
         for piece in pieces:
-            length = len(piece)
-            if direct_fd is not None and length % DIRECT_ALIGN == 0:
-                write_direct(direct_fd, [piece], at)
-            else:
-                while piece:
-                    written = os.pwrite(fd, piece, at + length - len(piece))
-                    piece = piece[written:]
-                if fsync:
-                    start_writeback(fd, at, length)  # as the tier does
-            at += length
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-        if direct_fd is not None:
-            os.close(direct_fd)
-    target = f"{final_dir}/{name}"
-    os.link(tmp, target)
-    os.unlink(tmp)
-    if fsync:
-        fsync_dir(final_dir)
-    return target
+            staged.write(piece)
+    except BaseException:
+        staged.abort()
+        raise
+    return staged.finish()
+
+
+class StagedFile:
+    """``store_file`` for pieces that arrive one at a time (a server receiving a body): ``write`` each
+    piece in order, then ``finish`` (fsync, link, directory fsync; the final path) or ``abort`` (the
+    temp file removed). Pieces of any length; with ``direct``, a piece whose length is not a multiple of
+    the block goes through the page cache, as ``write_direct``'s callers do."""
+
+    def __init__(self, staging: str, final_dir: str, name: str, *, fsync: bool, direct: bool = False) -> None:
+        self.tmp = f"{staging}/{name}.part"
+        self.target = f"{final_dir}/{name}"
+        self.final_dir = final_dir
+        self.fsync = fsync
+        self.at = 0
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self.direct_fd: int | None = None
+        if direct:
+            try:
+                self.direct_fd = open_direct(self.tmp)
+            except BaseException:
+                self.abort()
+                raise
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        length = len(piece)
+        if self.direct_fd is not None and length % DIRECT_ALIGN == 0:
+            write_direct(self.direct_fd, [memoryview(piece)], self.at)
+        else:
+            view = memoryview(piece)
+            while view:
+                written = os.pwrite(self.fd, view, self.at + length - len(view))
+                view = view[written:]
+            if self.fsync:
+                start_writeback(self.fd, self.at, length)  # as the tier does
+        self.at += length
+
+    def _close(self) -> None:
+        for fd in (self.fd, self.direct_fd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self.fd, self.direct_fd = -1, None
+
+    def finish(self) -> str:
+        try:
+            if self.fsync:
+                os.fsync(self.fd)
+        finally:
+            self._close()
+        os.link(self.tmp, self.target)
+        os.unlink(self.tmp)
+        if self.fsync:
+            fsync_dir(self.final_dir)
+        return self.target
+
+    def abort(self) -> None:
+        self._close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
 
 
 def raw_read_op(paths: Sequence[Path], size: int) -> Callable[[int], Op]:

@@ -10,12 +10,12 @@ round:
   LMDB index (opened read-only), by the same code as kvgw's lookup lane (key digests, the gets, the
   expiry checks) plus a JSON parse and dump: the floor of a lookup answered from this index, with no
   HTTP parsing, authentication, routing or metrics around it;
-- ``uvicorn + canned ASGI``: kvgw's own uvicorn protocol (``gateway.api.connections``: httptools,
-  one write per small answer, the connection guards) running an ASGI app that reads the body and
-  sends the same canned answer: what uvicorn's per-request machinery costs above the socket;
+- ``kvgw server + canned ASGI``: kvgw's HTTP server (``gateway.dataplane``: httptools' parser, one
+  write per small answer, the connection guards) running an ASGI app that reads the body and sends the
+  same canned answer: what a request cycle costs above the socket;
 - ``kvgw``: the real gateway (the chunks present): what kvgw's own work costs above that; its
-  lookups are answered by the lookup lane (``gateway.api.lane``), inside the protocol;
-- ``kvgw, lane off``: the same gateway with ``KVGW_LOOKUP_LANE=false``, every call through uvicorn's
+  lookups are answered by the lookup lane (``gateway.dataplane.lane``), inside the protocol;
+- ``kvgw, lane off``: the same gateway with ``KVGW_LOOKUP_LANE=false``, every call through the
   request cycle and the ASGI app: what the lane saves, in the same rounds.
 
 Then the gateway's ASGI app, and its lookup lane's answer, are driven in this process with no socket
@@ -33,12 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from gateway.api.http import Message
+from gateway.api.http import Message, Receive, Scope, Send
 from gateway.bench.baselines import BaselineProcess, RawResponder, http_ok
 from gateway.bench.io import BUCKET, META_CHUNK_BYTES, META_KEYS, chunk_target, kvgw_server, lookup_answers
 from gateway.bench.launcher import wait_until
@@ -47,7 +46,7 @@ from gateway.bench.procstat import total_cpu_seconds
 
 RAW = "raw-socket responder"
 INDEXED = "raw-socket + kvgw's index"
-CANNED = "uvicorn + canned ASGI"
+CANNED = "server + canned ASGI"
 KVGW = "kvgw"
 KVGW_NO_LANE = "kvgw, lane off"
 EXISTS = f"exists {META_KEYS} keys"
@@ -65,15 +64,15 @@ def exists_body() -> bytes:
 # -- the canned ASGI server ----------------------------------------------------------------------------
 
 def serve_canned(port: int) -> None:
-    """uvicorn with kvgw's protocol class and an ASGI app answering ``lookup_answers()`` (HEAD: empty)."""
-    import uvicorn
-
-    from gateway.api.connections import ConnectionLimits
-    from gateway.api.lane import protocol_class
+    """kvgw's HTTP server (``gateway.dataplane``, no lane) and an ASGI app answering ``lookup_answers()``
+    (HEAD: empty): what the request cycle costs."""
+    from gateway.dataplane.limits import ConnectionLimits
+    from gateway.dataplane.server import HttpServer, ServerState, run
+    from gateway.serve import listen
 
     answers = [(part.encode(), body) for part, body in lookup_answers().items()]
 
-    async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         more = True
@@ -85,8 +84,7 @@ def serve_canned(port: int) -> None:
             (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
 
-    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http=protocol_class(ConnectionLimits()),
-                lifespan="off", log_level="warning", access_log=False)
+    run(HttpServer(ServerState(app, ConnectionLimits())), listen("127.0.0.1", port))
 
 
 class CannedAsgi(BaselineProcess):
@@ -214,10 +212,10 @@ async def _in_process(workdir: Path, calls: int) -> dict[str, float]:
             for _ in range(calls):
                 await call(request.method, request.target, body)
             out[op] = (time.perf_counter() - started_at) / calls * 1e6
-            assert app.lane is not None and app.lane.answer(request.method, request.target, [], body, [], 0.0, {})
+            assert app.lane is not None and app.lane.answer(request.method, request.target, [], body, b"", 0.0, {})
             started_at = time.perf_counter()
             for _ in range(calls):
-                app.lane.answer(request.method, request.target, [], body, [], 0.0, {})
+                app.lane.answer(request.method, request.target, [], body, b"", 0.0, {})
             out[f"{op} lane"] = (time.perf_counter() - started_at) / calls * 1e6
         return out
     finally:
@@ -241,7 +239,7 @@ def report(socket_rounds: dict[tuple[str, str], list[Round]], inproc: dict[str, 
     for op in (EXISTS, HEAD):
         raw_cpu, canned_cpu, kvgw_cpu, no_lane_cpu = (med(n, op, "cpu_us") for n in (RAW, CANNED, KVGW, KVGW_NO_LANE))
         raw_p50 = med(RAW, op, "p50_us")
-        lines.append(f"{op}: server CPU per call: socket {raw_cpu:.1f} µs, uvicorn's machinery "
+        lines.append(f"{op}: server CPU per call: socket {raw_cpu:.1f} µs, the request cycle "
                      f"+{canned_cpu - raw_cpu:.1f}, kvgw's own work (lane off) +{no_lane_cpu - canned_cpu:.1f} "
                      f"(in process: its ASGI app {inproc[op]:.1f}, its lane {inproc[op + ' lane']:.1f}); "
                      f"the lane saves {no_lane_cpu - kvgw_cpu:.1f}; "

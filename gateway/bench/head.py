@@ -1,7 +1,7 @@
 """``kvgw bench head``: the HEAD rate a lookup-heavy S3 client gets from kvgw, beside a baseline measured in
 the same run with the same load generator.
 
-vLLM's object-store tier (README, "vLLM's object-store tier") looks every block up with one S3 HEAD, hits
+vLLM's object-store tier (docs/vllm.md) looks every block up with one S3 HEAD, hits
 and misses alike, many workers at once. This measures exactly that request, at ``--clients`` concurrent
 clients (default 8 and 64; each client one keep-alive connection, in a process of its own):
 

@@ -256,13 +256,14 @@ def _address(url: str) -> Address:
     return host, int(port)
 
 
-def signed_request(server: Server, method: str, key: str, body: bytes | None, expect: tuple[int, ...]) -> LoadRequest:
+def signed_request(server: Server, method: str, key: str, body: bytes | None, expect: tuple[int, ...], *,
+                   bucket: str = BUCKET) -> LoadRequest:
     """A SigV4 (UNSIGNED-PAYLOAD) request built by botocore's signer, replayable for 15 minutes."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    path = f"/{BUCKET}/{quote(key, safe='/~')}"
+    path = f"/{bucket}/{quote(key, safe='/~')}"
     request = AWSRequest(method=method, url=f"{server.url}{path}",
                          headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
     if body is not None:

@@ -68,6 +68,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
+from backends.base import MD5_ETAG_BYTES, pack_md5_etag, unpack_md5_etag
 from backends.index import ChangeOp, ChunkIndex, IndexChange, IndexEntry
 from backends.tiers import TierId
 from gateway.chunks import ChunkEvents, ChunkInfo, RemovedReason, StoredReason
@@ -101,9 +102,13 @@ STORED_KINDS: dict[str, Kind] = {"stored": Kind.STORED, "promoted": Kind.PROMOTE
 REMOVED_KINDS: dict[str, Kind] = {"deleted": Kind.DELETED, "evicted": Kind.EVICTED, "expired": Kind.EXPIRED,
                                   "demoted": Kind.DEMOTED, "quarantined": Kind.QUARANTINED}
 
-# detail of an add: checksum, created, key length, key, then the parent's digest (16 bytes) if any;
-# of a removal: checksum, created of the incarnation removed, when the remover knew it
+# detail of an add: checksum, created, key length, key, then the parent's digest (16 bytes) if any, then
+# the MD5 ETag (``_MD5_MARK`` + ``backends.base.pack_md5_etag``) if the chunk has one: what follows the
+# key is told apart by its length (0, 16, 20 or 36 bytes); of a removal: checksum, created of the
+# incarnation removed, when the remover knew it
 _ADD_DETAIL = struct.Struct("<QdH")
+_MD5_MARK = b"M5"
+_MD5_TAIL = len(_MD5_MARK) + MD5_ETAG_BYTES
 _SHIPPED_LINKS = 65536  # links remembered as shipped (a bounded memory, whatever the number of chunks)
 _REMOVE_DETAIL = struct.Struct("<Qd")
 
@@ -136,7 +141,8 @@ class FeedEvent:
 
 def add_detail(info: ChunkInfo, parent: bytes | None) -> bytes:
     key = info.key.encode()
-    return _ADD_DETAIL.pack(info.checksum, info.created, len(key)) + key + (parent or b"")
+    md5 = b"" if info.md5_etag is None else _MD5_MARK + pack_md5_etag(info.md5_etag)
+    return _ADD_DETAIL.pack(info.checksum, info.created, len(key)) + key + (parent or b"") + md5
 
 
 def removal_detail(info: ChunkInfo | None) -> bytes | None:
@@ -160,8 +166,14 @@ def to_change(kind: int, bucket: str, digest: bytes, tier: int, size: int, expir
         checksum, created, key_len = _ADD_DETAIL.unpack_from(detail)
         end = _ADD_DETAIL.size + key_len
         key = detail[_ADD_DETAIL.size : end].decode()
-        parent = detail[end : end + 16] if len(detail) >= end + 16 else None
-        entry = IndexEntry(bucket, key, size, checksum, created, expires, last_access=created, tiers=tier)
+        rest = len(detail) - end
+        md5 = None
+        if rest in (_MD5_TAIL, 16 + _MD5_TAIL) and detail[len(detail) - _MD5_TAIL:].startswith(_MD5_MARK):
+            md5 = unpack_md5_etag(detail, len(detail) - MD5_ETAG_BYTES)
+            rest -= _MD5_TAIL
+        parent = detail[end : end + 16] if rest >= 16 else None
+        entry = IndexEntry(bucket, key, size, checksum, created, expires, last_access=created, tiers=tier,
+                           md5_etag=md5)
         return IndexChange(ChangeOp.ADD, digest, tier, entry, parent, at=at)
     if kind in REMOVALS:
         removed: IndexEntry | None = None

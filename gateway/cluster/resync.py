@@ -135,7 +135,7 @@ class _IndexWalk:
 
 def entry_of(meta: ChunkMeta, bit: int) -> IndexEntry:
     return IndexEntry(meta.bucket, meta.key, meta.size, meta.checksum, meta.created, meta.expires,
-                      last_access=meta.created, tiers=bit)
+                      last_access=meta.created, tiers=bit, md5_etag=meta.md5_etag)
 
 
 async def resync_index(index: ChunkIndex, tiers: Mapping[TierId, Tier], *,

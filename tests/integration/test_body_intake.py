@@ -1,4 +1,4 @@
-"""The body intake (gateway.api.intake): large PUT bodies are read straight into the app's pieces.
+"""The body intake (gateway.dataplane.intake): large PUT bodies are read straight into the app's pieces.
 
 On a real gateway over raw sockets, so the bytes arrive as a client sends them: back to back and
 pipelined on one connection, paused mid-body, behind ``Expect: 100-continue``, cut off, stalled, or not
@@ -17,7 +17,7 @@ import pytest
 import xxhash
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.api.intake import INTAKE_MIN_BYTES, INTAKE_PIECE_BYTES, PARTIAL_AFTER
+from gateway.dataplane.intake import INTAKE_MIN_BYTES, INTAKE_PIECE_BYTES, PARTIAL_AFTER
 from tests.conftest import ServerProcess
 
 BIG = 2 * INTAKE_PIECE_BYTES + 12_345  # three pieces, the last one short

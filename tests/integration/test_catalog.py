@@ -8,7 +8,10 @@ import pytest
 from sqlalchemy import inspect, text
 
 from backends.catalog.secrets import SecretBox, SecretBoxError
-from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict, CatalogNotFound
+from backends.catalog.store import BucketPolicy, Catalog, CatalogConflict, CatalogNotFound, migrations_dir
+
+HEAD = max(p.stem.split("_", 1)[0] for p in (Path(migrations_dir()) / "versions").glob("0*.py"))
+"""The newest revision: revisions are numbered in order, one head (``test_one_head``)."""
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -31,8 +34,19 @@ def test_migrations_create_the_schema_and_are_idempotent(catalog_url: str, box: 
     tables = set(inspect(catalog.engine).get_table_names())
     assert {"buckets", "credentials", "grants", "alembic_version"} <= tables
     with catalog.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0006"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == HEAD
     catalog.close()
+
+
+def test_one_head() -> None:
+    """Every revision but the first revises the one before it: two branches adding revision N at once
+    would leave alembic with two heads (renumber the later one when merging)."""
+    from alembic.script import ScriptDirectory
+
+    from backends.catalog.store import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    assert script.get_heads() == [HEAD]
 
 
 def test_bucket_and_credential_operations(catalog_url: str, box: SecretBox) -> None:

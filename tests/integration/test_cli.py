@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main as kvgw
+from tests.conftest import REPO
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -89,6 +91,6 @@ def test_serve_refuses_the_index_on_a_network_filesystem(tmp_path: Path) -> None
     result = subprocess.run([sys.executable, "-c", script, "serve", "--data-dir", str(tmp_path), "--port", "1"],
                             capture_output=True, text=True, timeout=60,
                             env={"PATH": "/usr/bin:/bin", "KVGW_ROOT_ACCESS_KEY": "a", "KVGW_ROOT_SECRET_KEY": "b",
-                                 "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                                 "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "client")])})
     assert result.returncode == 2
     assert "network filesystem" in result.stderr

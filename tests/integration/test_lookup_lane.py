@@ -1,14 +1,17 @@
 """The lookup lane (``gateway.api.lane``): index-only HEAD / exists / prefix (native) and HeadObject
 (S3) answered inside the HTTP protocol, everything else handed to the ASGI app unchanged.
 
-A real gateway (real LMDB, real directories) is served by uvicorn on a real socket, in a thread of
+A real gateway (real LMDB, real directories) is served by kvgw's HTTP server on a real socket, in a thread of
 this process, so the tests can see which requests reached the ASGI app: the lane's answers must not,
 and every other request must, with the answer the ASGI path gives.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import re
 import socket
 import threading
@@ -21,13 +24,14 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-import uvicorn
 
-from gateway.api.connections import ConnectionLimits
 from gateway.api.http import Receive, Scope, Send
-from gateway.api.lane import LANE_BODY_LIMIT, LaneHttpProtocol, protocol_class
 from gateway.app import GatewayApp, create_app
 from gateway.config import Settings
+from gateway.dataplane.lane import LANE_BODY_LIMIT
+from gateway.dataplane.limits import ConnectionLimits
+from gateway.dataplane.server import HttpServer, ServerState
+from gateway.logs import RequestIdFilter
 from tests.conftest import ROOT_AK, ROOT_SK, wait_for
 
 AUTH = f"Bearer {ROOT_AK}:{ROOT_SK}"
@@ -51,8 +55,8 @@ class CountingApp:
 class LaneServer:
     port: int
     app: CountingApp
-    protocol: type[LaneHttpProtocol]
-    server: uvicorn.Server
+    state: ServerState
+    server: HttpServer
     thread: threading.Thread = field(repr=False)
 
     @property
@@ -65,20 +69,21 @@ class LaneServer:
         return [call for call in seen if call[1] != "/metrics"]
 
 
-@pytest.fixture
-def lane(tmp_path: Path) -> Iterator[LaneServer]:
-    settings = Settings(data_dir=tmp_path / "data", root_access_key=ROOT_AK, root_secret_key=ROOT_SK)  # type: ignore[arg-type]
+@contextlib.contextmanager
+def serving(tmp_path: Path, *, access_log: bool = False) -> Iterator[LaneServer]:
+    """A real gateway served in a thread through kvgw's protocol, with ``KEYS`` stored."""
+    settings = Settings(data_dir=tmp_path / "data", root_access_key=ROOT_AK, root_secret_key=ROOT_SK,  # type: ignore[arg-type]
+                        access_log=access_log)
     gateway_app = create_app(settings)
     app = CountingApp(gateway_app)
-    protocol = protocol_class(ConnectionLimits(header_timeout=1.0), gateway_app.lane)
+    state = ServerState(app, ConnectionLimits(header_timeout=1.0), lane=gateway_app.lane, access_log=access_log)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, loop="asyncio", http=protocol, lifespan="on",
-                                           log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    server = HttpServer(state)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sock)), daemon=True)
     thread.start()
-    running = LaneServer(sock.getsockname()[1], app, protocol, server, thread)
+    running = LaneServer(sock.getsockname()[1], app, state, server, thread)
     try:
         wait_for(lambda: server.started, "the in-process gateway to start")
         with httpx.Client(base_url=running.url, headers={"Authorization": AUTH}) as client:
@@ -87,9 +92,15 @@ def lane(tmp_path: Path) -> Iterator[LaneServer]:
         running.calls()
         yield running
     finally:
-        server.should_exit = True
+        server.request_stop()
         thread.join(30)
         sock.close()
+
+
+@pytest.fixture
+def lane(tmp_path: Path) -> Iterator[LaneServer]:
+    with serving(tmp_path) as running:
+        yield running
 
 
 def chunk_path(key: str) -> str:
@@ -194,13 +205,49 @@ def test_indexed_lookups_are_answered_without_the_asgi_app(lane: LaneServer) -> 
     assert lane.calls() == []
 
 
+def test_the_lane_engages_whatever_log_handlers_exist(lane: LaneServer) -> None:
+    """Whether the lane answers does not depend on who installed a log handler (uvicorn, which kvgw
+    served through before, turned its access log on when any handler could receive its records, and
+    the lane then stepped aside)."""
+    handler = logging.NullHandler()
+    for name in ("", "uvicorn.access"):
+        logging.getLogger(name).addHandler(handler)
+    try:
+        assert logging.getLogger("uvicorn.access").hasHandlers()
+        exists = exchange(lane, request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)))
+    finally:
+        for name in ("", "uvicorn.access"):
+            logging.getLogger(name).removeHandler(handler)
+    assert (exists.status, exists.json()) == (200, {"exists": [True] * len(KEYS)})
+    assert lane.calls() == []
+
+
+def test_with_the_access_log_on_lane_answers_are_logged_like_the_apps(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kvgw.access")
+    caplog.handler.addFilter(RequestIdFilter())  # as kvgw serve's handler has it (gateway.logs)
+    with serving(tmp_path, access_log=True) as logged:
+        exists = exchange(logged, request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)))
+        missing = exchange(logged, request("GET", chunk_path("not-there")))
+        assert (exists.status, exists.json()) == (200, {"exists": [True] * len(KEYS)})
+        assert missing.status == 404
+        assert logged.calls() == [("GET", "/v1/buckets/kvcache/chunks/not-there")]  # the exists: on the lane
+        wait_for(lambda: len([r for r in caplog.records if r.name == "kvgw.access"]) >= 2, "two access-log lines")
+    lines = {r.getMessage(): r for r in caplog.records if r.name == "kvgw.access"}
+    exists_line = next(m for m in lines if "POST /v1/buckets/kvcache/exists HTTP/1.1" in m)
+    get_line = next(m for m in lines if "GET /v1/buckets/kvcache/chunks/not-there HTTP/1.1" in m)
+    assert exists_line.endswith(" 200") and get_line.endswith(" 404")
+    assert getattr(lines[exists_line], "request_id", None) == exists.header("x-kvgw-request-id")
+    assert getattr(lines[get_line], "request_id", None) == missing.header("x-kvgw-request-id")
+
+
 def test_lane_answers_equal_the_asgi_apps_byte_for_byte(lane: LaneServer) -> None:
     requests = [(request("POST", "/v1/buckets/kvcache/exists", keys_body(KEYS)), False),
                 (request("POST", "/v1/buckets/kvcache/prefix", keys_body(KEYS)), False),
                 (request("HEAD", chunk_path(KEYS[0])), True)]
     by_lane = [normalized(exchange(lane, raw, head_request=head)) for raw, head in requests]
     assert lane.calls() == []
-    lane.protocol.lane = None  # every request through uvicorn's cycle and the ASGI app
+    lane.state.lane = None  # every request through the request cycle and the ASGI app
     by_app = [normalized(exchange(lane, raw, head_request=head)) for raw, head in requests]
     assert len(lane.calls()) == len(requests)
     assert by_lane == by_app
@@ -264,7 +311,7 @@ HANDED_OVER: dict[str, tuple[bytes, int, Any]] = {
     "an unknown bucket": (request("POST", "/v1/buckets/nosuch/exists", keys_body(KEYS)), 404, "NoSuchBucket"),
     "an invalid bucket name": (request("POST", "/v1/buckets/No_Such/exists", keys_body(KEYS)), 400,
                                "InvalidRequest"),
-    # what the lane leaves to uvicorn from the request head on
+    # what the lane leaves to the request cycle from the request head on
     "a query string": (request("POST", EXISTS + "?x=1", keys_body(KEYS)), 200, {"exists": [True] * len(KEYS)}),
     "an absolute-form target": (request("POST", f"http://kvgw{EXISTS}", keys_body(KEYS)), 200,
                                 {"exists": [True] * len(KEYS)}),
@@ -304,7 +351,7 @@ def test_what_the_lane_cannot_answer_reaches_the_asgi_app(lane: LaneServer, case
         assert reply.json()["exists"] == [True, True] and "lease" in reply.json()
 
 
-def test_connection_close_and_http_1_0_go_through_uvicorn(lane: LaneServer) -> None:
+def test_connection_close_and_http_1_0_go_through_the_request_cycle(lane: LaneServer) -> None:
     closing = request("POST", EXISTS, keys_body(KEYS), extra=b"Connection: close\r\n")
     old = request("POST", EXISTS, keys_body(KEYS)).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
     for raw in (closing, old):
@@ -391,7 +438,7 @@ def test_s3_head_object_is_answered_on_the_lane_once_its_attributes_are_known(la
     assert lane.calls() == []
     assert normalized(second) == normalized(first)
     assert second.header("content-length") == str(len(KEYS[5]) * 100) and second.header("etag")
-    lane.protocol.lane = None
+    lane.state.lane = None
     by_app = exchange(lane, s3_head(lane, KEYS[5]), head_request=True)
     assert len(lane.calls()) == 1 and normalized(by_app) == normalized(second)
 
@@ -451,7 +498,7 @@ def test_a_signature_verified_on_the_lane_is_not_verified_again_when_handed_over
     assert authenticated == []  # ... with the lane's verified signature
     bad = exchange(lane, s3_head(lane, "absent", secret="wrong"), head_request=True)
     assert bad.status == 403 and authenticated == ["/kvcache/absent"]  # a failed check is the app's to repeat
-    lane.protocol.lane = None
+    lane.state.lane = None
     exchange(lane, s3_head(lane, KEYS[7]), head_request=True)
     assert authenticated == ["/kvcache/absent", uncached]
 
@@ -473,7 +520,7 @@ def test_misses_the_filesystem_tier_rules_out_at_once_are_answered_on_the_lane(l
     assert by_lane["exists"].json() == {"exists": [True, False, True, False]}
     assert by_lane["prefix"].json() == {"length": 2}
     assert by_lane["HEAD"].status == 404 and s3_miss.status == 404
-    lane.protocol.lane = None
+    lane.state.lane = None
     by_app = {name: exchange(lane, raw, head_request=head) for name, (raw, head) in MISSES.items()}
     s3_by_app = exchange(lane, s3_head(lane, "absent"), head_request=True)
     assert len(lane.calls()) == len(MISSES) + 1

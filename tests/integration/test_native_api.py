@@ -9,6 +9,8 @@ import io
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +21,7 @@ import xxhash
 
 from gateway.cli import main
 from kvgw_client import wire
-from tests.conftest import ServerProcess
+from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, wait_for
 
 KEY = "meta-llama/Llama-3-8B@1@0@a1b2c3d4@bfloat16"
 
@@ -43,6 +45,14 @@ def error_code(response: httpx.Response) -> str:
     return code
 
 
+def kvgw_cli(server: ServerProcess, env: dict[str, str], *args: str) -> str:
+    """``kvgw ... --data-dir <the server's>`` as an operator runs it, in a subprocess: its output."""
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--data-dir", str(server.data_dir)],
+                            env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def put(client: httpx.Client, server: ServerProcess, key: str, data: bytes, **headers: str) -> httpx.Response:
     return client.put(server.chunk_url(key), content=data, headers=headers)
 
@@ -50,7 +60,7 @@ def put(client: httpx.Client, server: ServerProcess, key: str, data: bytes, **he
 # -- round trips -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", [0, 1, 4096, 3 << 20, 20 << 20])
+@pytest.mark.parametrize("size", [1, 4096, 3 << 20, 20 << 20])
 def test_put_get_head_round_trip(client: httpx.Client, server: ServerProcess, size: int) -> None:
     data = os.urandom(size)
     r = put(client, server, KEY, data)
@@ -256,6 +266,36 @@ def test_missing_content_length_is_411(server: ServerProcess) -> None:
         r = c.put(server.chunk_url(KEY), content=body())
     assert r.status_code == 411 and error_code(r) == "MissingContentLength"
     assert chunk_files(server) == []
+
+
+def test_an_empty_body_is_refused_and_stores_nothing(client: httpx.Client, server: ServerProcess) -> None:
+    """A KV chunk is never empty: ``curl --data-binary @missing-file`` sends an empty body, and storing
+    it would make the key's correct write an ``existed`` no-op forever (write-once). 400 EmptyChunk, and
+    the key stays free."""
+    r = put(client, server, KEY, b"")
+    assert r.status_code == 400 and error_code(r) == "EmptyChunk"
+    assert "--allow-empty-objects" in r.json()["error"]["message"]
+    assert client.head(server.chunk_url(KEY)).status_code == 404
+    assert chunk_files(server) == [] and staging_files(server) == []
+    data = os.urandom(4096)
+    assert put(client, server, KEY, data).status_code == 201  # the correct write is not an "existed"
+    assert client.get(server.chunk_url(KEY)).content == data
+
+
+def test_a_bucket_may_allow_empty_objects(client: httpx.Client, server: ServerProcess) -> None:
+    """``kvgw bucket create --allow-empty-objects``: the bucket takes empty chunks; ``update
+    --no-allow-empty-objects`` turns it off again."""
+    env = {"KVGW_ROOT_ACCESS_KEY": ROOT_AK, "KVGW_ROOT_SECRET_KEY": ROOT_SK}
+    created = kvgw_cli(server, env, "bucket", "create", "empties", "--allow-empty-objects")
+    assert '"allow_empty_objects": true' in created
+    url = server.chunk_url("e", bucket="empties")
+    r = client.put(url, content=b"")
+    assert r.status_code == 201, r.text
+    assert client.get(url).content == b"" and client.head(url).headers["content-length"] == "0"
+    updated = kvgw_cli(server, env, "bucket", "update", "empties", "--no-allow-empty-objects")
+    assert '"allow_empty_objects": false' in updated
+    wait_for(lambda: client.put(server.chunk_url("f", bucket="empties"), content=b"").status_code == 400,
+             "the gateway refuses empty chunks after the bucket update")
 
 
 def test_chunk_too_large_is_413(server_factory: type[ServerProcess], tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gateway.api.intake import INTAKE_MIN_BYTES, INTAKE_PIECE_BYTES
 from gateway.bench.launcher import KvgwProcess
+from gateway.dataplane.intake import INTAKE_MIN_BYTES, INTAKE_PIECE_BYTES
 from kvgw_client.config import ClientSettings
 from kvgw_client.http import KvgwClient, PutOutcome
 from tests.conftest import REPO, ROOT_AK, ROOT_SK, ServerProcess

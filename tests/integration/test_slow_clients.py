@@ -91,6 +91,28 @@ def test_parser_rejections_are_json_errors(guarded: ServerProcess, raw: bytes) -
     assert error["code"] == "InvalidRequest" and "could not be parsed" in error["message"]
 
 
+S3_HEAD = (b"PUT /kvcache/obj HTTP/1.1\r\nHost: a\r\nx-amz-date: 20261128T000000Z\r\n"
+           b"x-amz-content-sha256: UNSIGNED-PAYLOAD\r\n")
+S3_MALFORMED = {
+    "Content-Length abc": S3_HEAD + b"Content-Length: abc\r\n\r\n",
+    "broken chunked body": S3_HEAD + b"Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\nzz\r\nabc\r\n",
+    "presigned URL, Content-Length abc": (b"PUT /kvcache/o?X-Amz-Signature=ab HTTP/1.1\r\nHost: a\r\n"
+                                          b"Content-Length: abc\r\n\r\n"),
+}
+
+
+@pytest.mark.parametrize("raw", list(S3_MALFORMED.values()), ids=list(S3_MALFORMED))
+def test_parser_rejections_of_s3_requests_are_s3_xml_errors(guarded: ServerProcess, raw: bytes) -> None:
+    """An S3 SDK parses S3's ``<Error>``, not kvgw's JSON: what carries SigV4's marks is answered so."""
+    head, _, body = exchange(guarded, raw).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    assert lines[0].startswith("HTTP/1.1 400 ") and headers["content-type"] == "application/xml"
+    assert b"<Code>InvalidRequest</Code>" in body and b"could not be parsed" in body
+    request_id = headers["x-amz-request-id"]
+    assert f"<RequestId>{request_id}</RequestId>".encode() in body
+
+
 def test_broken_chunked_body_stores_nothing(guarded: ServerProcess) -> None:
     key = "broken-chunked"
     raw = MALFORMED["broken chunked body"].replace(b"/chunks/k ", f"/chunks/{key} ".encode())

@@ -1,6 +1,6 @@
-"""The body intake's own logic (gateway.api.intake.BodyIntake): pieces, flow control, the slow path.
+"""The body intake's own logic (gateway.dataplane.intake.BodyIntake): pieces, flow control, the slow path.
 
-The HTTP protocol and uvicorn's cycle around it are stand-ins recording what the intake asks of them;
+The connection and the request cycle around it are stand-ins recording what the intake asks of them;
 threaded receives read a real loopback TCP connection; ``tests/integration/test_body_intake.py``
 drives the real thing over sockets.
 """
@@ -15,8 +15,8 @@ from typing import Any, cast
 
 import pytest
 
-from gateway.api import intake
-from gateway.api.intake import INTAKE_PIECE_BYTES, BodyIntake
+from gateway.dataplane import intake
+from gateway.dataplane.intake import INTAKE_PIECE_BYTES, BodyIntake
 
 
 class FakeFlow:
@@ -48,7 +48,7 @@ class FakeTransport:
 
 
 class FakeHttp:
-    """What the intake calls on ``IntakeHttpProtocol``."""
+    """What the intake calls on the connection (``gateway.dataplane.protocol.Connection``)."""
 
     def __init__(self) -> None:
         self.flow = FakeFlow()
@@ -56,15 +56,32 @@ class FakeHttp:
         self.loop = asyncio.get_running_loop()
         self.done = 0
 
+    def pause_reading(self) -> None:
+        self.flow.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.flow.resume_reading()
+
     def intake_done(self) -> None:
         self.done += 1
 
 
 class FakeCycle:
+    """What the intake calls on the request cycle (``gateway.dataplane.cycle.RequestCycle``)."""
+
     def __init__(self, expect_continue: bool = False) -> None:
         self.waiting_for_100_continue = expect_continue
         self.response_complete = False
         self.disconnected = False
+        self.http: FakeHttp | None = None
+
+    def send_continue(self) -> None:
+        if self.waiting_for_100_continue and self.http is not None:
+            self.http.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.waiting_for_100_continue = False
+
+    async def receive_after_intake(self) -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
 
 
 def receive_into(taker: BodyIntake, data: bytes) -> None:
@@ -80,6 +97,7 @@ def receive_into(taker: BodyIntake, data: bytes) -> None:
 
 def make(length: int, cycle: FakeCycle | None = None) -> tuple[BodyIntake, FakeHttp, FakeCycle]:
     http, cycle = FakeHttp(), cycle or FakeCycle()
+    cycle.http = http
     return BodyIntake(cast(Any, http), cast(Any, cycle), length), http, cycle
 
 

@@ -1,20 +1,17 @@
-"""The README's Code map matches the tree: every module of the server and the client is named there, and
-every path named there exists."""
+"""The Code map (``docs/code-map.md``) matches the tree: every module of the server and the client is
+named there, and every path named there exists."""
 
 from __future__ import annotations
 
 import re
 
-from tests.conftest import REPO
+from tests.docs import REPO
 
 PACKAGES = ("gateway", "backends", "client/kvgw_client")
 
 
 def code_map() -> str:
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("\n## Code map\n")
-    end = readme.find("\n## ", start + 1)
-    return readme[start : end if end != -1 else len(readme)]
+    return (REPO / "docs" / "code-map.md").read_text()
 
 
 def named_paths(text: str) -> set[str]:
@@ -41,9 +38,9 @@ def test_every_module_is_in_the_code_map() -> None:
                 continue  # packages are named by their directory; gateway/client/ is one entry
             if rel not in named:
                 missing.append(rel)
-    assert missing == [], f"modules missing from the README's Code map: {missing}"
+    assert missing == [], f"modules missing from docs/code-map.md: {missing}"
 
 
 def test_every_named_path_exists() -> None:
     absent = sorted(p for p in named_paths(code_map()) if not (REPO / p).exists())
-    assert absent == [], f"the Code map names paths that do not exist: {absent}"
+    assert absent == [], f"docs/code-map.md names paths that do not exist: {absent}"

@@ -77,6 +77,7 @@ DOMAIN_CODES: dict[type[KvgwError], str] = {
     errors.InvalidRange: "InvalidRange",
     errors.MissingContentLength: "MissingContentLength",
     errors.ChunkTooLarge: "EntityTooLarge",
+    errors.EmptyChunk: "MissingRequestBodyError",
     errors.PreconditionFailed: "PreconditionFailed",
     errors.Unauthorized: "AccessDenied",
     errors.AccessDenied: "AccessDenied",
@@ -203,7 +204,7 @@ class S3API:
     def answer_indexed(self, method: str, raw_path: str, headers: RawHeaders,
                        notes: dict[str, Any]) -> IndexedAnswer | None:
         """A HeadObject's answer when the directory's view, the index and the attrs cache hold all it
-        needs, computed without awaiting anything, for the lookup lane (``gateway.api.lane``); the
+        needs, computed without awaiting anything, for the lookup lane (``gateway.dataplane.lane``); the
         signature is verified as always. None when the request needs anything more (any error, a query
         string, a credential, bucket or chunk not in view): nothing was counted or changed then, and
         ``__call__`` must answer it. Never raises.

@@ -14,7 +14,6 @@ from gateway.api.s3.errors import S3Error
 from gateway.api.s3.listing import decode_token, encode_token, parse_max
 from gateway.chunks import ListPage
 from gateway.errors import AccessDenied, BucketAlreadyOwned, Unauthorized
-from kvgw_client import wire
 
 _CREATE_BODY_LIMIT = 64 * 1024
 
@@ -98,7 +97,7 @@ class BucketHandlers:
 
     @staticmethod
     def _entries(page: ListPage) -> list[xml.ObjectEntry]:
-        return [xml.ObjectEntry(e.key, e.created, wire.etag(e.checksum), e.size) for e in page.contents]
+        return [xml.ObjectEntry(e.key, e.created, e.s3_etag, e.size) for e in page.contents]
 
     async def list_objects_v2(self, call: Call) -> None:
         query = call.query

@@ -6,9 +6,11 @@ key that exists keeps its bytes and the answer carries the stored ETag), GetObje
 ``x-amz-checksum-*`` values) goes into the chunk's attrs and comes back on GET/HEAD; checksums only
 when the client asks (``x-amz-checksum-mode: ENABLED``) and only for whole-object answers.
 
-The ETag is the chunk's xxh3-64 (``"<16 hex>"``), the same through both APIs: not an MD5, which
-no client here checks it against (botocore, the aws CLI, awscrt and rclone treat a 16-hex ETag as
-opaque).
+ETags follow the bucket's mode (``kvgw bucket create|update --etag``): in an ``xxh3`` bucket (the
+default) the chunk's xxh3-64 (``"<16 hex>"``), the same as the native API's, which no engine checks
+against an MD5 (botocore, the aws CLI, awscrt and rclone treat a 16-hex ETag as opaque); in an ``md5``
+bucket S3's own (``ChunkInfo.s3_etag``: the MD5 of the body, computed while it streams), which
+``aws s3 sync`` and rclone compare with the MD5 of their files.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
 
 from gateway.access import Action
-from gateway.api.http import Headers, http_date, parse_range, send_body
+from gateway.api.http import Headers, http_date, parse_range, send_body, sends_files
 from gateway.api.s3 import xml
 from gateway.api.s3.checksums import ALGORITHMS
 from gateway.api.s3.common import DRAIN_LIMIT, Call, S3Services, as_bytes, body_payload, object_key, read_small_body
@@ -83,6 +85,31 @@ def requested_algorithms(call: Call) -> list[str]:
     return []
 
 
+STORED_CHECKSUM = "crc64nvme"
+"""Kept with every object whose PUT carried no checksum of its own (S3's default algorithm, from awscrt:
+hardware-accelerated, computed in the same pass as the body's other digests), so that any S3 client
+asking for checksums on GET (``x-amz-checksum-mode: ENABLED``) can verify what it reads, and kvgw can
+then send it the bytes without reading them (``get_object``)."""
+
+
+def stored_algorithms(call: Call) -> list[str]:
+    """The checksums a PutObject computes besides the ones it verifies: the one the SDK names without
+    a value, else ``STORED_CHECKSUM`` when the request carries no checksum at all."""
+    requested = requested_algorithms(call)
+    if requested:
+        return requested
+    carries = call.header("x-amz-trailer") is not None or any(
+        name.startswith(b"x-amz-checksum-") and name != b"x-amz-checksum-type" for name, _ in call.raw_headers)
+    return [] if carries else [STORED_CHECKSUM]
+
+
+def reader_verifies(call: Call, attrs: Mapping[str, str], whole: bool) -> bool:
+    """Whether the client will check the whole object against a checksum this answer carries: it asked
+    (``x-amz-checksum-mode: ENABLED``) and one is stored. The bytes are then not verified here."""
+    return (whole and (call.header("x-amz-checksum-mode") or "").upper() == "ENABLED"
+            and any(name.startswith(CHECKSUM_PREFIX) and name != CHECKSUM_TYPE for name in attrs))
+
+
 def etag_matches(header: str, etag: str) -> bool:
     bare = etag.strip('"')
     for item in header.split(","):
@@ -106,7 +133,7 @@ def check_read_conditions(call: Call, info: ChunkInfo) -> None:
     modified = float(int(info.created))
     if_match = call.header("if-match")
     if if_match is not None:
-        if not etag_matches(if_match, info.etag):
+        if not etag_matches(if_match, info.s3_etag):
             raise S3Error("PreconditionFailed", Condition="If-Match")
     else:
         since = _http_time(call.header("if-unmodified-since"))
@@ -114,7 +141,7 @@ def check_read_conditions(call: Call, info: ChunkInfo) -> None:
             raise S3Error("PreconditionFailed", Condition="If-Unmodified-Since")
     if_none = call.header("if-none-match")
     if if_none is not None:
-        if etag_matches(if_none, info.etag):
+        if etag_matches(if_none, info.s3_etag):
             raise _not_modified(info)
     else:
         since = _http_time(call.header("if-modified-since"))
@@ -130,7 +157,7 @@ def _check_version(call: Call) -> None:
 
 
 def _not_modified(info: ChunkInfo) -> S3Error:
-    return S3Error("NotModified", headers={"ETag": info.etag, "Last-Modified": http_date(info.created)})
+    return S3Error("NotModified", headers={"ETag": info.s3_etag, "Last-Modified": http_date(info.created)})
 
 
 class ObjectHandlers:
@@ -152,7 +179,7 @@ class ObjectHandlers:
             return
         # Transfer-Encoding: chunked without a length (SDK streams) is accepted: the body's end decides;
         # neither a length nor chunked encoding is still 411, as S3 answers
-        payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=requested_algorithms(call),
+        payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=stored_algorithms(call),
                                require_length=call.header("transfer-encoding") is None)
         if payload.content_encoding is not None:
             attrs["content-encoding"] = payload.content_encoding
@@ -169,7 +196,7 @@ class ObjectHandlers:
             return
         self.gw.attrs.put(result.info, dict(attrs))
         headers = call.headers()
-        headers.append((b"etag", result.info.etag.encode()))
+        headers.append((b"etag", result.info.s3_etag.encode()))
         headers.extend(checksum_headers(attrs))
         await call.respond(200, headers)
 
@@ -182,13 +209,13 @@ class ObjectHandlers:
         if if_match is not None:
             if existing is None:
                 raise NoSuchChunk()
-            if not etag_matches(if_match, existing.etag):
+            if not etag_matches(if_match, existing.s3_etag):
                 raise S3Error("PreconditionFailed", Condition="If-Match")
 
     async def _existing(self, call: Call, info: ChunkInfo) -> None:
         """Write-once: the key keeps its chunk; the answer is a success carrying the stored ETag."""
         headers = call.headers()
-        headers.append((b"etag", info.etag.encode()))
+        headers.append((b"etag", info.s3_etag.encode()))
         if not await call.req.drain(DRAIN_LIMIT):
             headers.append((b"connection", b"close"))
         await call.respond(200, headers)
@@ -243,7 +270,7 @@ class ObjectHandlers:
                         whole: bool) -> list[tuple[bytes, bytes]]:
         headers = call.headers()
         headers += [
-            (b"etag", info.etag.encode()),
+            (b"etag", info.s3_etag.encode()),
             (b"last-modified", http_date(info.created).encode()),
             (b"accept-ranges", b"bytes"),
         ]
@@ -271,7 +298,7 @@ class ObjectHandlers:
     def head_indexed(self, call: Call) -> tuple[int, Headers] | None:
         """``head_object``'s answer when the directory's view, the index (or a tier telling at once
         that the chunk is absent: NoSuchChunk) and the attrs cache hold all it needs, without awaiting
-        anything (the lookup lane, ``gateway.api.lane``); None otherwise. Raises what ``head_object``
+        anything (the lookup lane, ``gateway.dataplane.lane``); None otherwise. Raises what ``head_object``
         raises for the same request."""
         key = object_key(call)
         bucket = self.gw.bucket_in_view(call, Action.READ)
@@ -303,10 +330,18 @@ class ObjectHandlers:
         self._part_number(call)
         check_read_conditions(call, info)
         byte_range = parse_range(call.header("range"))
-        body = await self.gw.service.open_info(info, byte_range)
+        attrs = await self.gw.chunk_attrs(info)
+        verifies = reader_verifies(call, attrs, byte_range is None)
+        service = self.gw.service
+        body = await service.open_info(info, byte_range, reader_verifies=verifies,
+                                       as_file=verifies and sends_files(call.req.scope))
+        if body.info != info:  # the index was behind the tier: another incarnation, its own attrs
+            attrs = await self.gw.chunk_attrs(body.info)
+            if verifies and not reader_verifies(call, attrs, byte_range is None):
+                await body.close()
+                body = await service.open_info(body.info, byte_range)
         try:
-            headers = self._object_headers(call, body.info, await self.gw.chunk_attrs(body.info),
-                                           whole=byte_range is None)
+            headers = self._object_headers(call, body.info, attrs, whole=byte_range is None)
             await send_body(call.send, headers, body, range_of=None if byte_range is None else body.info.size)
         finally:
             await body.close()

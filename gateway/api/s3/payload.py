@@ -26,7 +26,6 @@ import hmac
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
-from gateway.api.intake import THREADED_RECEIVERS
 from gateway.api.s3 import sigv4
 from gateway.api.s3.auth import AuthResult, Headers, PayloadMode
 from gateway.api.s3.checksums import (
@@ -47,6 +46,7 @@ from gateway.api.s3.errors import (
     XAmzContentSHA256Mismatch,
 )
 from gateway.chunks import ThreadedBody, ThreadedOutcome
+from gateway.dataplane.intake import THREADED_RECEIVERS
 
 __all__ = ["Payload", "open_payload", "strip_aws_chunked"]
 

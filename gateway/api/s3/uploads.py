@@ -1,8 +1,10 @@
 """Multipart operations: CreateMultipartUpload, UploadPart, CompleteMultipartUpload,
 AbortMultipartUpload, ListParts, ListMultipartUploads, over ``gateway.multipart.MultipartStore``.
 
-Part ETags are the part's xxh3-64; the object's ETag after Complete is the chunk's (xxh3-64 of the
-whole object), so an object reads the same through both APIs whichever way it was written.
+ETags follow the bucket's mode: in an ``xxh3`` bucket a part's ETag is its xxh3-64 and the object's
+after Complete the chunk's (xxh3-64 of the whole object), so it reads the same through both APIs; in
+an ``md5`` bucket they are S3's: the part's MD5 (computed while the part streams in), and for the object
+the MD5 of the parts' binary MD5s then ``-N`` (``gateway.multipart.multipart_md5_etag``).
 Checksums: each part keeps the ``x-amz-checksum-*`` it came with; when every part has one of the
 same algorithm, the object gets S3's composite form (the checksum of the part digests, ``-N``),
 which clients know not to compare with a checksum of the whole body.
@@ -90,6 +92,8 @@ class UploadHandlers:
         payload = body_payload(call, max_length=bucket.max_chunk_bytes, compute=requested_algorithms(call))
         part = await self.gw.multipart.put_part(
             upload, int(raw), as_bytes(aiter(payload)), max_bytes=bucket.max_chunk_bytes,
+            allow_empty=bucket.allow_empty_objects,
+            md5=bucket.etag_mode == "md5",
             attrs=lambda: {k: v for k, v in checksum_attrs(payload.checksums).items() if k != CHECKSUM_TYPE},
         )
         headers = call.headers()
@@ -104,13 +108,13 @@ class UploadHandlers:
         upload = await self._upload(call, allow_completed=True)
         service = self.gw.service
         if upload.completed is not None:  # a retried Complete: answer as the first one did
-            await self._answer(call, upload.completed.etag)
+            await self._answer(call, upload.completed.s3_etag)
             return
         existing = await service.lookup_for_write(bucket, upload.key)
         if existing is not None and (call.header("if-none-match") or "").strip() == "*":
             raise S3Error("PreconditionFailed", Condition="If-None-Match")
         if_match = call.header("if-match")
-        if if_match is not None and (existing is None or not etag_matches(if_match, existing.etag)):
+        if if_match is not None and (existing is None or not etag_matches(if_match, existing.s3_etag)):
             raise S3Error("NoSuchKey") if existing is None else S3Error("PreconditionFailed", Condition="If-Match")
         parts = await self.gw.multipart.resolve_parts(
             upload, [(p.part_number, p.etag) for p in chosen], min_part_bytes=self.gw.settings.s3_api_min_part_bytes
@@ -125,7 +129,7 @@ class UploadHandlers:
         result = await self.gw.multipart.complete(service, bucket, upload, parts, attrs)
         if result.created:
             self.gw.attrs.put(result.info, attrs)
-        await self._answer(call, result.info.etag)
+        await self._answer(call, result.info.s3_etag)
 
     async def _answer(self, call: Call, etag: str) -> None:
         location = f"/{call.bucket}/{call.key}"

@@ -1,6 +1,6 @@
-"""The configuration snippets of README.md's "## LMCache" section, as written there, loaded by LMCache
-itself and used for a round trip against a real ``kvgw serve``: only the gateway's address, the
-credentials and the memory sizes are replaced for the test."""
+"""The LMCache configuration snippets of ``docs/lmcache.md`` and the README's short one, as written there,
+loaded by LMCache itself and used for a round trip against a real ``kvgw serve``: only the gateway's
+address, the credentials and the memory sizes are replaced for the test."""
 
 from __future__ import annotations
 
@@ -14,24 +14,28 @@ import yaml
 from lmcache.v1.config import LMCacheEngineConfig
 
 from gateway.bench import lmcache_engine as le
-from tests.conftest import REPO, ROOT_AK, ROOT_SK, ServerProcess
+from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess
+from tests.docs import README, code_blocks, section, text
 
 DOC_HOST = "kvgw.internal:8080"
 
 
-def lmcache_section() -> str:
-    text = (REPO / "README.md").read_text()
-    start = text.index("\n## LMCache\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
+def lmcache_page() -> str:
+    return text("docs/lmcache.md")
 
 
-def yaml_snippets() -> list[dict[str, Any]]:
-    return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", lmcache_section(), re.S)]
+def yaml_snippets(page: str | None = None) -> list[dict[str, Any]]:
+    return [yaml.safe_load(block) for block in code_blocks(lmcache_page() if page is None else page, "yaml")]
+
+
+def readme_yaml() -> dict[str, Any]:
+    """The README's one LMCache configuration (its "LMCache" section under "Connect an engine")."""
+    (doc,) = yaml_snippets(section(README.read_text(), "LMCache (in vLLM)"))
+    return doc
 
 
 def l2_snippets() -> list[dict[str, Any]]:
-    return [json.loads(spec) for spec in re.findall(r"--l2-adapter '(\{.*?\})'", lmcache_section(), re.S)]
+    return [json.loads(spec) for spec in re.findall(r"--l2-adapter '(\{.*?\})'", lmcache_page(), re.S)]
 
 
 def as_written(doc: dict[str, Any], server: ServerProcess, tmp_path: Path, host: str) -> LMCacheEngineConfig:
@@ -58,8 +62,9 @@ def round_trip(worker: le.Worker, backend: str, seed: int) -> None:
     le.release(got)
 
 
-def test_the_readme_has_the_snippets_this_test_checks() -> None:
+def test_the_docs_have_the_snippets_this_test_checks() -> None:
     assert len(yaml_snippets()) == 3 and len(l2_snippets()) == 2
+    assert readme_yaml()["extra_config"]["remote_storage_plugin.kvgw.class_name"] == "KvgwConnector"
 
 
 def test_remote_url_yaml_comes_first(shared_server: ServerProcess, tmp_path: Path, seed: int) -> None:
@@ -75,8 +80,9 @@ def test_remote_url_yaml_comes_first(shared_server: ServerProcess, tmp_path: Pat
         worker.close()
 
 
-def test_connector_yaml(shared_server: ServerProcess, tmp_path: Path, seed: int) -> None:
-    doc = yaml_snippets()[1]
+@pytest.mark.parametrize("where", ["docs/lmcache.md", "README.md"])
+def test_connector_yaml(shared_server: ServerProcess, tmp_path: Path, seed: int, where: str) -> None:
+    doc = yaml_snippets()[1] if where == "docs/lmcache.md" else readme_yaml()
     assert doc["remote_storage_plugins"] == ["kvgw"]
     worker = le.Worker(as_written(doc, shared_server, tmp_path, "127.0.0.1"), le.make_metadata(1))
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import subprocess
+import sys
 import time
 import zlib
 from datetime import UTC, datetime, timedelta
@@ -56,10 +58,38 @@ def test_put_get_head_delete(s3: Any) -> None:
     s3.delete_object(Bucket=B, Key="never-existed")  # idempotent, as S3
 
 
-def test_empty_object(s3: Any) -> None:
-    s3.put_object(Bucket=B, Key="empty", Body=b"")
-    assert s3.get_object(Bucket=B, Key="empty")["Body"].read() == b""
-    assert s3.head_object(Bucket=B, Key="empty")["ContentLength"] == 0
+def test_an_empty_object_is_refused_by_default(s3: Any) -> None:
+    """A KV chunk is never empty: PutObject and UploadPart of no bytes answer 400 and store nothing."""
+    with pytest.raises(ClientError) as exc:
+        s3.put_object(Bucket=B, Key="empty", Body=b"")
+    assert error_code(exc) == "MissingRequestBodyError" and status(exc) == 400
+    assert "--allow-empty-objects" in exc.value.response["Error"]["Message"]
+    with pytest.raises(ClientError) as exc:
+        s3.head_object(Bucket=B, Key="empty")
+    assert status(exc) == 404
+    upload = s3.create_multipart_upload(Bucket=B, Key="empty-parts")["UploadId"]
+    with pytest.raises(ClientError) as exc:
+        s3.upload_part(Bucket=B, Key="empty-parts", UploadId=upload, PartNumber=1, Body=b"")
+    assert error_code(exc) == "MissingRequestBodyError" and status(exc) == 400
+    assert s3.list_parts(Bucket=B, Key="empty-parts", UploadId=upload).get("Parts", []) == []
+    s3.abort_multipart_upload(Bucket=B, Key="empty-parts", UploadId=upload)
+    s3.put_object(Bucket=B, Key="empty", Body=b"x")  # the key is free for the real write
+    assert s3.get_object(Bucket=B, Key="empty")["Body"].read() == b"x"
+
+
+def test_empty_objects_in_a_bucket_that_allows_them(s3: Any, s3_server: ServerProcess) -> None:
+    """``kvgw bucket create --allow-empty-objects``: for buckets generic S3 tools use."""
+    subprocess.run([sys.executable, "-m", "gateway.cli", "bucket", "create", "generic", "--allow-empty-objects",
+                    "--data-dir", str(s3_server.data_dir)], check=True, capture_output=True,
+                   env={**os.environ, "KVGW_ROOT_ACCESS_KEY": "", "KVGW_ROOT_SECRET_KEY": ""})
+    s3.put_object(Bucket="generic", Key="empty", Body=b"")
+    assert s3.get_object(Bucket="generic", Key="empty")["Body"].read() == b""
+    assert s3.head_object(Bucket="generic", Key="empty")["ContentLength"] == 0
+    upload = s3.create_multipart_upload(Bucket="generic", Key="parts")["UploadId"]
+    etag = s3.upload_part(Bucket="generic", Key="parts", UploadId=upload, PartNumber=1, Body=b"")["ETag"]
+    s3.complete_multipart_upload(Bucket="generic", Key="parts", UploadId=upload,
+                                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+    assert s3.head_object(Bucket="generic", Key="parts")["ContentLength"] == 0
 
 
 def test_write_once_keeps_the_first_bytes(s3: Any) -> None:
@@ -289,9 +319,6 @@ def test_http_date_conditions_raw(s3_server: ServerProcess, s3: Any) -> None:
 
 
 def test_anonymous_needs_a_bucket_policy(s3_server: ServerProcess, s3: Any) -> None:
-    import subprocess
-    import sys
-
     from botocore import UNSIGNED
     from botocore.config import Config
 

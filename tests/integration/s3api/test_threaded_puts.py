@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from gateway.api.intake import INTAKE_PIECE_BYTES
+from gateway.dataplane.intake import INTAKE_PIECE_BYTES
 from tests.conftest import ServerProcess, wait_for
 from tests.integration.s3api.wire import raw_exchange, request_head, send, sign
 from tests.integration.test_body_intake import ended_since, receives

@@ -28,7 +28,7 @@ collect_ignore = [] if SGLANG_INSTALLED else [
 
 KVGW_BACKEND = {"backend_name": "kvgw", "module_path": "kvgw_client.sglang", "class_name": "KvgwHiCacheStorage",
                 "interface_v1": 1}
-"""The factory keys of the README's launch flags."""
+"""The factory keys of the documented launch flags (docs/sglang.md, README.md)."""
 
 FAST_FAILURE = {
     "connect_timeout_s": 0.5, "read_timeout_s": 2.0, "control_timeout_s": 1.0, "retry_backoff_s": 0.005,

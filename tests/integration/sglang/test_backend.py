@@ -1,5 +1,5 @@
 """kvgw's HiCache backend (``kvgw_client.sglang``) under SGLang 0.5.23's own classes, on CPU, against a
-real ``kvgw serve``: loaded by SGLang's factory from the README's launch flags, attached as the cache
+real ``kvgw serve``: loaded by SGLang's factory from the documented launch flags, attached as the cache
 controller attaches it, driven by the controller's storage loops (batches of 128) over host pools with
 the real pools' shapes in every layout.
 """
@@ -23,7 +23,8 @@ import torch
 
 from gateway.bench import sglang_engine as harness
 from gateway.bench.sglang_engine import MHA_LAYOUTS, MLA_LAYOUTS, MHAHostPool, MLAHostPool, fill_pages
-from tests.conftest import REPO, ROOT_AK, ROOT_SK, ServerProcess, leases_granted
+from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, leases_granted
+from tests.docs import README, section, text
 from tests.integration.sglang.conftest import FAST_FAILURE, new_credential, tokens
 
 harness.load()
@@ -360,15 +361,23 @@ def test_credentials_from_the_environment(
     assert harness.backup(backend, pool, hashes, indices) == 1
 
 
-def test_the_readme_launch_flags(gateway: ServerProcess, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's ``--hicache-storage-backend-extra-config`` for kvgw's backend, as SGLang parses it
-    (its JSON, with SGLang's own keys removed by its controller), loads and works."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## SGLang HiCache", 1)[1].split("\n## ", 1)[0]
-    flags = re.findall(r"--hicache-storage-backend-extra-config '(\{.*?\})'", section, flags=re.S)
+def sglang_doc(where: str) -> str:
+    """kvgw's SGLang documentation: ``docs/sglang.md``, or the README's short "SGLang HiCache" section."""
+    return section(README.read_text(), "SGLang HiCache") if where == "README.md" else text("docs/sglang.md")
+
+
+@pytest.mark.parametrize("where", ["docs/sglang.md", "README.md"])
+def test_the_documented_launch_flags(
+    gateway: ServerProcess, seed: int, where: str
+) -> None:
+    """The ``--hicache-storage-backend-extra-config`` for kvgw's backend, as written in the docs page and
+    the README and as SGLang parses it (its JSON, with SGLang's own keys removed by its controller),
+    loads and works."""
+    doc = sglang_doc(where)
+    flags = re.findall(r"--hicache-storage-backend-extra-config '(\{.*?\})'", doc, flags=re.S)
     extra = json.loads(flags[0])
     assert extra["module_path"] == "kvgw_client.sglang" and extra["class_name"] == "KvgwHiCacheStorage"
-    assert "--hicache-storage-backend dynamic" in section
+    assert "--hicache-storage-backend dynamic" in doc
     extra.pop("hicache_storage_pass_prefix_keys")  # HybridCacheController.parse_storage_backend_extra_config
     extra.update(url=gateway.url, access_key=ROOT_AK, secret_key=ROOT_SK)
     pool = pool_for("page_first")
@@ -379,8 +388,13 @@ def test_the_readme_launch_flags(gateway: ServerProcess, seed: int, monkeypatch:
         assert backend.batch_exists(hashes) == 2
     finally:
         backend.close()
-    documented = set(re.findall(r"^\| `([a-z_0-9]+)`", section, flags=re.M))
-    for row in re.findall(r"^\| (`[a-z_0-9]+`(?:, `[a-z_0-9]+`)+) \|", section, flags=re.M):
+
+
+def test_every_key_the_backend_reads_is_documented(gateway: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``docs/sglang.md``'s table names every extra-config key the backend reads, and SGLang's own."""
+    page = sglang_doc("docs/sglang.md")
+    documented = set(re.findall(r"^\| `([a-z_0-9]+)`", page, flags=re.M))
+    for row in re.findall(r"^\| (`[a-z_0-9]+`(?:, `[a-z_0-9]+`)+) \|", page, flags=re.M):
         documented |= set(re.findall(r"`([a-z_0-9]+)`", row))
     read: set[str] = set()
     raw = SettingsReader._raw
@@ -391,6 +405,6 @@ def test_the_readme_launch_flags(gateway: ServerProcess, seed: int, monkeypatch:
 
     monkeypatch.setattr(SettingsReader, "_raw", spy)
     HiCacheSettings.from_extra_config({"url": gateway.url}, {})
-    assert read - documented == set()  # every key the backend reads is in the README's table
+    assert read - documented == set()  # every key the backend reads is in the page's table
     assert (FACTORY_KEYS | SGLANG_KEYS) - {"tp_lcm_size"} <= documented
 

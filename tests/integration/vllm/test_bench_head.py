@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
+from tests.requirements import require_module
 
 
 def test_bench_head_smoke() -> None:
+    require_module("nixl._api", "NIXL 1.5.1 (the row \"NIXL query_memory\"; bash .ci/install-nixl.sh)")
     result = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "bench", "head", "--clients", "2,4", "--rounds", "1", "--duration",
          "0.3", "--objects", "64"],

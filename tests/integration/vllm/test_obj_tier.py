@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from gateway.bench.vllm_obj import STORE_CONFIG_FIELDS, KeyForm, ObjTier, nixl_params, stored_name
-from tests.conftest import REPO, ServerProcess
+from tests.conftest import ServerProcess
+from tests.docs import README, section, text
 from tests.integration.vllm.conftest import cli, store_config
 
 MiB = 1 << 20
@@ -93,28 +94,32 @@ def test_blocks_round_trip_byte_exact(
     assert got.status_code == 200 and got.content == sent[-1]
 
 
-def readme_kv_transfer_config() -> dict[str, Any]:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("\n## vLLM's object-store tier"):]
-    section = section[: section.index("\n## ", 1)]
-    (doc,) = re.findall(r"--kv-transfer-config '(\{.*?\})'", section, re.S)
+def vllm_doc(where: str) -> str:
+    """kvgw's vLLM documentation: ``docs/vllm.md``, or the README's short section."""
+    if where == "README.md":
+        return section(README.read_text(), "vLLM's object-store tier (no LMCache)")
+    return text("docs/vllm.md")
+
+
+def documented_kv_transfer_config(where: str) -> dict[str, Any]:
+    (doc,) = re.findall(r"--kv-transfer-config '(\{.*?\})'", vllm_doc(where), re.S)
     parsed: dict[str, Any] = json.loads(doc)
     return parsed
 
 
-def readme_shell_line(start: str) -> list[str]:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("\n## vLLM's object-store tier"):]
-    (line,) = [ln for ln in section.splitlines() if ln.startswith(start)]
+def documented_shell_line(start: str, where: str) -> list[str]:
+    (line,) = [ln for ln in vllm_doc(where).splitlines() if ln.startswith(start)]
     return line.split("#")[0].split()
 
 
-def test_the_readme_config_as_written(
-    make_tier: Callable[..., ObjTier], gateway: ServerProcess, seed: int
+@pytest.mark.parametrize("where", ["docs/vllm.md", "README.md"])
+def test_the_documented_config_as_written(
+    make_tier: Callable[..., ObjTier], gateway: ServerProcess, seed: int, where: str
 ) -> None:
-    """README's bucket, credential and ``--kv-transfer-config``, with only the gateway's address and the
-    credential's values replaced: vLLM's tier builds its NIXL backend from it and round-trips blocks."""
-    doc = readme_kv_transfer_config()
+    """The bucket, credential and ``--kv-transfer-config`` of the docs page and of the README, with only
+    the gateway's address and the credential's values replaced: vLLM's tier builds its NIXL backend from
+    it and round-trips blocks."""
+    doc = documented_kv_transfer_config(where)
     assert (doc["kv_connector"], doc["kv_role"]) == ("OffloadingConnector", "kv_both")
     extra = doc["kv_connector_extra_config"]
     assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] > 0
@@ -124,11 +129,11 @@ def test_the_readme_config_as_written(
     written = tier_config["store_config"]
     assert set(written) <= set(STORE_CONFIG_FIELDS) and written["endpoint_override"] == DOC_ENDPOINT
 
-    bucket_args = readme_shell_line("kvgw bucket create")[1:]
+    bucket_args = documented_shell_line("kvgw bucket create", where)[1:]
     assert bucket_args[:3] == ["bucket", "create", written["bucket"]] and "--ttl" in bucket_args
     bucket = f"{written['bucket']}-{seed}"  # write-once keys: a bucket of this test's own
     cli(gateway, *bucket_args[:2], bucket, *bucket_args[3:])
-    cred_args = readme_shell_line("kvgw cred create")[1:]
+    cred_args = documented_shell_line("kvgw cred create", where)[1:]
     assert cred_args == ["cred", "create", "--bucket", written["bucket"], "--write"]
     cred = cli(gateway, "cred", "create", "--bucket", bucket, "--write")
 
@@ -195,7 +200,7 @@ def test_credentials_from_the_environment(
 def test_a_misspelt_bucket_passes_the_probe_then_misses_and_fails(
     make_tier: Callable[..., ObjTier], gateway: ServerProcess, seed: int
 ) -> None:
-    """What README warns about: vLLM's start-up probe reads kvgw's 404 NoSuchBucket as a missing key."""
+    """What docs/vllm.md warns about: vLLM's start-up probe reads kvgw's 404 NoSuchBucket as a missing key."""
     tier = make_tier(store_config(gateway, bucket=f"vllm-kv-typo-{seed}"), block_bytes=MiB, blocks=2)
     keys = [KeyForm().object_key(h) for h in block_hashes(1, seed)]
     assert tier.lookup(keys) == [False]

@@ -1,46 +1,46 @@
 """Large request bodies received straight into the buffers the app keeps: the body intake.
 
-Why: uvicorn hands a request body to the app through four user-space copies: uvloop reads into its own
-buffer and makes a ``bytes`` of each read, httptools makes another of the body part, uvicorn appends it
-to the cycle's ``bytearray`` and each ``receive`` returns a ``bytes`` of that. Most of them also take
+Why: an ASGI server hands a request body to the app through several user-space copies: uvloop reads
+into its own buffer and makes a ``bytes`` of each read, httptools makes another of the body part, and
+the server joins them for each ``receive`` (uvicorn: four copies). Most of them also take
 fresh memory, which the guest faults in. For a KV chunk (1-64 MB, written once) that is four passes over
 every byte before the one that matters, the copy into the page cache. ``kvgw bench io --ops put`` has
 the measurements (BENCHMARKS.md, "kvgw bench io").
 
 How: when the head of a ``PUT`` whose ``Content-Length`` is at least ``INTAKE_MIN_BYTES`` is complete
-and uvicorn's request cycle has started, ``IntakeHttpProtocol`` gives the cycle a ``BodyIntake``'s
-``receive`` and, once the parser has taken the bytes that came with the head, makes the intake (an
-``asyncio.BufferedProtocol``) the transport's protocol for the rest of that body. The event loop then
-reads the socket straight into ``INTAKE_PIECE_BYTES`` pieces, and each full piece is one ASGI message,
-handed over without a copy: a ``bytearray`` the intake never touches again. Pieces are the filesystem
-tier's write unit (``backends.posix.FOLIO_BYTES``), so a staged chunk writes each one as it is. The
-intake never reads past the body (its buffers end where the body ends), so a request pipelined behind
-it reaches the HTTP protocol, which gets the transport back with a fresh parser when the body's last
-byte arrives.
+and its request cycle (``gateway.dataplane.cycle``) is the connection's current one, the connection
+(``gateway.dataplane.protocol``) gives the cycle a ``BodyIntake`` and, once the parser has taken the
+bytes that came with the head, makes the intake (an ``asyncio.BufferedProtocol``) the transport's
+protocol for the rest of that body. The event loop then reads the socket straight into
+``INTAKE_PIECE_BYTES`` pieces, and each full piece is one ASGI message, handed over without a copy: a
+``bytearray`` the intake never touches again. Pieces are the filesystem tier's write unit
+(``backends.posix.FOLIO_BYTES``), so a staged chunk writes each one as it is. The intake never reads
+past the body (its buffers end where the body ends), so a request pipelined behind it reaches the HTTP
+protocol, which gets the transport back with a fresh parser when the body's last byte arrives.
 
-What stays as uvicorn does it: ``100 Continue`` is sent on the app's first ``receive``; a client that
-goes away gives the app ``http.disconnect`` (and uvicorn its ``connection_lost``); reading pauses while
-``QUEUED_PIECES`` full pieces wait for the app (so a PUT in flight holds a waiting piece, the one
-filling and the one its staged chunk is writing: about 6 MiB, against about 4 on uvicorn's path). A
+What stays as the request cycle does it: ``100 Continue`` is sent on the app's first ``receive``; a
+client that goes away gives the app ``http.disconnect`` (and the connection its ``connection_lost``);
+reading pauses while ``QUEUED_PIECES`` full pieces wait for the app (so a PUT in flight holds a
+waiting piece, the one filling and the one its staged chunk is writing: about 6 MiB). A
 body that trickles in is handed over as it arrives once the app has waited ``PARTIAL_AFTER`` seconds for
 a full piece (a copy, on that slow path only), so the apps' body idle deadline keeps meaning "no byte
 for that long".
 
 **Threaded receives** (``consume_in_thread``: the ``ThreadedBody`` a native PUT, or an S3 PUT whose body is
 not aws-chunked, ``Payload.threaded``, hands the service):
-the service can take the body in a worker thread instead, where one thread receives each piece from
-the socket into one reused buffer, and the service hashes it and the filesystem tier writes it before
-the next is received. The event loop then does nothing per piece (no callback per socket read, no
-hand-off to a write thread, no fresh piece), and the bytes are still in that core's cache when they
-are copied into the page cache (BENCHMARKS.md, "kvgw bench io", has the measurements). Meanwhile the
-transport does not read: the thread reads the socket's descriptor itself, sleeping until
-``THREADED_WAKE_BYTES`` have arrived (``SO_RCVLOWAT``) rather than waking per segment. It gives up, and
-the intake reads the rest as above, as soon as a piece takes longer than ``THREADED_PIECE_SECONDS`` to
-arrive (a slow or stalled client holds no thread) or the client goes away. At most
-``THREADED_RECEIVERS`` at once; a PUT that finds none free is read as above. Not over TLS (the socket
-holds ciphertext).
+the service can take the body in a worker thread instead, where one thread receives each piece from the
+socket into its own page-aligned buffer (which a direct write, ``O_DIRECT``, then takes as it is), and
+the service hashes it and the filesystem tier writes it before the next is received. The event loop then
+does nothing per piece (no callback per socket read, no hand-off to a write thread, no fresh piece), and
+the bytes are still in that core's cache when they are copied into the page cache (BENCHMARKS.md, "kvgw
+bench io", has the measurements). Meanwhile the transport does not read: the thread reads the socket's
+descriptor itself, sleeping until ``THREADED_WAKE_BYTES`` have arrived (``SO_RCVLOWAT``) rather than
+waking per segment. It gives up, and the intake reads the rest as above, as soon as a piece takes longer
+than ``THREADED_PIECE_SECONDS`` to arrive (a slow or stalled client holds no thread) or the client goes
+away. At most ``THREADED_RECEIVERS`` at once; a PUT that finds none free is read as above. Not over TLS
+(the socket holds ciphertext).
 
-Left to uvicorn: other methods, bodies below the threshold or without a ``Content-Length``
+Left to the request cycle: other methods, bodies below the threshold or without a ``Content-Length``
 (``Transfer-Encoding``), and pipelined requests (their cycle waits behind another one).
 
 Everything here runs on the event loop, but ``_receive_in_thread`` and what it calls.
@@ -58,18 +58,18 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-import httptools
-from uvicorn._types import ASGIReceiveEvent
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-
+from backends.fileio import aligned_buffer
 from backends.posix import FOLIO_BYTES
-from gateway.api.connections import GuardedHttpProtocol
-from gateway.api.http import THREADED_BODY, plain_body_length
+from gateway.api.http import Message
 from gateway.chunks import ThreadedOutcome
 
-INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on skip uvicorn's copies
+if TYPE_CHECKING:
+    from gateway.dataplane.cycle import RequestCycle
+    from gateway.dataplane.protocol import Connection
+
+INTAKE_MIN_BYTES = 1 << 20  # bodies from this size on are read into pieces, not through the cycle
 INTAKE_PIECE_BYTES = FOLIO_BYTES  # one ASGI message per piece: the filesystem tier's write unit
 QUEUED_PIECES = 1  # full pieces waiting for the app before reading pauses: one (2 and 1 measured alike)
 PARTIAL_AFTER = 1.0  # seconds the app waits for a full piece before it gets what has arrived
@@ -86,6 +86,18 @@ intakes take them instead of new ones, each a fresh 2 MiB the event loop would z
 BENCHMARKS.md). A piece handed to the app never comes back here, so nothing else can still hold one.
 ``list.pop`` and ``append`` are atomic, so worker threads and the event loop share it without a lock."""
 _SPARE_LIMIT = THREADED_RECEIVERS  # one per receiving thread: at most 16 MiB kept
+
+
+_THREAD_BUFFERS = threading.local()
+
+
+def _thread_buffer() -> memoryview:
+    """This receiving thread's page-aligned piece buffer (one per thread, kept: ``THREADED_RECEIVERS`` x
+    ``INTAKE_PIECE_BYTES`` at most)."""
+    buffer: memoryview | None = getattr(_THREAD_BUFFERS, "buffer", None)
+    if buffer is None:
+        buffer = _THREAD_BUFFERS.buffer = aligned_buffer(INTAKE_PIECE_BYTES)
+    return buffer
 
 
 def _new_piece(size: int) -> bytearray:
@@ -106,7 +118,7 @@ def _spare(piece: bytes | bytearray) -> None:
 class BodyIntake(asyncio.BufferedProtocol):
     """The rest of one request body, read into pieces and handed to the app as ASGI messages."""
 
-    def __init__(self, http: IntakeHttpProtocol, cycle: RequestResponseCycle, length: int) -> None:
+    def __init__(self, http: Connection, cycle: RequestCycle, length: int) -> None:
         self._http = http
         self._cycle = cycle
         self._unread = length  # body bytes not yet in a piece
@@ -133,8 +145,8 @@ class BodyIntake(asyncio.BufferedProtocol):
         if (self._lost or self.complete or self._handed or transport.is_closing()
                 or transport.get_extra_info("sslcontext") is not None or not _RECEIVER_SLOTS.acquire(blocking=False)):
             return "skipped"
-        self._send_continue()
-        http.flow.pause_reading()  # from here until the thread ends, only the thread reads the socket
+        self._cycle.send_continue()
+        http.pause_reading()  # from here until the thread ends, only the thread reads the socket
         stop = threading.Event()
         sock = transport.get_extra_info("socket")
         read = http.loop.run_in_executor(_RECEIVERS, self._receive_in_thread, sock, consume, stop)
@@ -172,7 +184,19 @@ class BodyIntake(asyncio.BufferedProtocol):
             piece = self._ready.popleft()
             consume(memoryview(piece))
             _spare(piece)
-        buffer = memoryview(self._piece)
+        # the rest goes into this thread's page-aligned buffer, so that a direct write (O_DIRECT) takes
+        # each piece as it is, with no copy (backends.fileio.write_direct); what the event loop had
+        # received of the current piece moves there first, and back if the thread stops part-way
+        buffer = _thread_buffer()[: len(self._piece)]
+        buffer[: self._filled] = memoryview(self._piece)[: self._filled]
+        try:
+            return self._receive_into(buffer, sock, consume, stop)
+        finally:
+            if self._unread and self._filled:
+                self._piece[: self._filled] = buffer[: self._filled]
+
+    def _receive_into(self, buffer: memoryview, sock: socket.socket, consume: Callable[[memoryview], None],
+                      stop: threading.Event) -> ThreadedOutcome:
         fd = sock.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -208,14 +232,14 @@ class BodyIntake(asyncio.BufferedProtocol):
         """Back on the event loop after a threaded receive: the body's end as ``buffer_updated`` would
         have seen it, or the intake reading the rest into a piece that ends where the body ends."""
         if self.complete:
-            _spare(self._piece)  # the thread's reused buffer: its consumer kept nothing of it
+            _spare(self._piece)  # the thread used its own buffer: this piece was never handed on
             self._piece = bytearray()  # ... and this intake, done, never reads it again
             self._http.intake_done()
         elif len(self._piece) - self._filled > self._unread:
             piece = bytearray(self._filled + self._unread)  # the reused buffer is longer than what is left
             piece[: self._filled] = self._piece[: self._filled]
             self._piece = piece
-        self._http.flow.resume_reading()
+        self._http.resume_reading()
 
     # -- bytes in --------------------------------------------------------------------------------
 
@@ -247,7 +271,7 @@ class BodyIntake(asyncio.BufferedProtocol):
             self._piece = _new_piece(min(INTAKE_PIECE_BYTES, self._unread))
         self._filled = self._handed = 0
         if len(self._ready) >= QUEUED_PIECES:
-            self._http.flow.pause_reading()
+            self._http.pause_reading()
         self._wake()
 
     # -- the connection --------------------------------------------------------------------------
@@ -260,8 +284,8 @@ class BodyIntake(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._http.connection_lost(exc)  # which calls ``lose``
 
-    def eof_received(self) -> None:
-        self._http.eof_received()  # uvicorn's returns None: the transport closes
+    def eof_received(self) -> bool | None:
+        return self._http.eof_received()
 
     def pause_writing(self) -> None:
         self._http.pause_writing()
@@ -271,28 +295,21 @@ class BodyIntake(asyncio.BufferedProtocol):
 
     # -- the app's side --------------------------------------------------------------------------
 
-    async def receive(self) -> ASGIReceiveEvent:
-        """The cycle's ``receive`` while this body lasts: its pieces in order, then uvicorn's own."""
+    async def receive(self) -> Message:
+        """The cycle's ``receive`` while this body lasts: its pieces in order, then the cycle's own."""
         cycle = self._cycle
-        self._send_continue()
+        cycle.send_continue()
         if not self._ready and not self._lost and not cycle.response_complete:
             if self.complete:
-                return await RequestResponseCycle.receive(cycle)  # the body was all handed over
+                return await cycle.receive_after_intake()  # the body was all handed over
             await self._wait()
         if self._lost or cycle.disconnected or cycle.response_complete:
             return {"type": "http.disconnect"}
         piece = self._ready.popleft()
         if len(self._ready) < QUEUED_PIECES:
-            self._http.flow.resume_reading()
+            self._http.resume_reading()
         # a bytearray where ASGI says bytes: bytes-like for every reader here, and never changed again
-        return {"type": "http.request", "body": piece,  # type: ignore[typeddict-item]
-                "more_body": bool(self._ready) or not self.complete}
-
-    def _send_continue(self) -> None:
-        """``100 Continue`` if the client waits for it, as uvicorn sends it on the app's first receive."""
-        if self._cycle.waiting_for_100_continue and not self._http.transport.is_closing():
-            self._http.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self._cycle.waiting_for_100_continue = False
+        return {"type": "http.request", "body": piece, "more_body": bool(self._ready) or not self.complete}
 
     async def _wait(self) -> None:
         loop = self._http.loop
@@ -319,60 +336,3 @@ class BodyIntake(asyncio.BufferedProtocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
-
-
-class IntakeHttpProtocol(GuardedHttpProtocol):
-    """The guarded protocol plus the body intake (``gateway.api.lane.LaneHttpProtocol`` builds on it)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._intake: BodyIntake | None = None  # this request's body goes through it
-        self._intake_reading = False  # ... and it is the transport's protocol
-
-    def on_headers_complete(self) -> None:
-        super().on_headers_complete()
-        length = self._intake_length()
-        if length is not None:
-            self._intake = BodyIntake(self, self.cycle, length)
-            self.cycle.receive = self._intake.receive  # type: ignore[method-assign]  # its task has not run yet
-            extensions: dict[str, object] = self.cycle.scope.setdefault("extensions", {})  # type: ignore[assignment]
-            extensions[THREADED_BODY] = self._intake  # ``Request.threaded_body``
-
-    def _intake_length(self) -> int | None:
-        """The body length of the request just begun if the intake takes it, else None."""
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete or self.pipeline or self.parser.get_method() != b"PUT":
-            return None
-        length = plain_body_length(self.headers)
-        return length if length is not None and length >= INTAKE_MIN_BYTES else None
-
-    def on_body(self, body: bytes) -> None:
-        if self._intake is None:
-            super().on_body(body)
-        else:
-            self._intake.feed(body)
-
-    def on_message_complete(self) -> None:
-        self._intake = None  # a body that ended within the bytes the parser had
-        super().on_message_complete()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        intake = self._intake
-        if intake is not None and not self._intake_reading and not self.transport.is_closing():
-            self._intake_reading = True
-            self.transport.set_protocol(intake)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._intake is not None:  # lost while the intake read, or before it took the transport
-            self._intake.lose()
-        super().connection_lost(exc)
-
-    def intake_done(self) -> None:
-        """The intake read the body's last byte: the transport and a fresh parser for the next request,
-        and the end of the body for uvicorn, as the parser would have told it."""
-        self._intake_reading = False
-        self.transport.set_protocol(self)
-        self.parser = httptools.HttpRequestParser(self)
-        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn sets its own
-        self.on_message_complete()
