@@ -75,10 +75,10 @@ _FEED_POSITION = struct.Struct("<Q")
 _FEED_KEY = b"feed"
 _IDENTITY_KEY = b"identity"
 _LAYOUT_KEY = b"layout"
-_LAYOUT = b"2"  # kids, expiry, usage and ghosts exist and agree with chunks and parents
+_LAYOUT = b"3"  # kids, expiry, usage and ghosts exist and agree with chunks and parents; ghosts keep marks
 _EXPIRY = struct.Struct(">d")  # big-endian: byte order is numeric order for the positive expiry times
 _USAGE = struct.Struct("<qq")  # bytes, chunks
-_GHOST = struct.Struct("<dQIB")  # last access, size, hits, tier; then the bucket
+_GHOST = struct.Struct("<dQIBB")  # last access, size, hits, tier, marks; then the bucket
 _TIERS_AT = 44  # offset of the tiers byte in RECORD
 _RETURNED = 0x01  # RECORD flags: stored again while the index remembered its eviction (a ghost)
 _MD5 = 0x02  # RECORD flags: an MD5 ETag (``backends.base.pack_md5_etag``) follows the key
@@ -146,7 +146,7 @@ class Observation(NamedTuple):
     ``FORGOTTEN``: the index stopped remembering its eviction from ``tiers`` (no return seen).
     ``last_access`` and ``hits`` are the chunk's before the event (for ghosts: when it was evicted);
     ``hits`` counts one more for a chunk that returned (its class for the eviction policy: read before).
-    ``marks``: the chunk's hint marks (``MARK_*``) before the event (0 for ghosts).
+    ``marks``: the chunk's hint marks (``MARK_*``) before the event (for ghosts: when it was evicted).
     """
 
     kind: int
@@ -166,21 +166,24 @@ OBS_FORGOTTEN = 3
 
 
 class Ghost(NamedTuple):
-    """A chunk the lifecycle evicted from ``tier`` (what the ``ghosts`` database remembers)."""
+    """A chunk the lifecycle evicted from ``tier`` (what the ``ghosts`` database remembers), with the hint
+    marks it had (so its return or its being forgotten teaches the policy class it was evicted from)."""
 
     bucket: str
     tier: int
     size: int
     last_access: float
     hits: int
+    marks: int = 0
 
     def pack(self) -> bytes:
-        return _GHOST.pack(self.last_access, self.size, min(self.hits, 0xFFFFFFFF), self.tier) + self.bucket.encode()
+        return _GHOST.pack(self.last_access, self.size, min(self.hits, 0xFFFFFFFF), self.tier,
+                           self.marks & MARKS) + self.bucket.encode()
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> Ghost:
-        last, size, hits, tier = _GHOST.unpack_from(raw)
-        return cls(bytes(raw[_GHOST.size :]).decode(), tier, size, last, hits)
+        last, size, hits, tier, marks = _GHOST.unpack_from(raw)
+        return cls(bytes(raw[_GHOST.size :]).decode(), tier, size, last, hits, marks)
 
 
 def _usage_key(bucket: str, tier: int) -> bytes:
@@ -383,7 +386,12 @@ class ChunkIndex:
     def _upgrade_layout(self) -> None:
         """Build the derived databases of an index written before them (once; blocking, at open)."""
         with self.env.begin(write=True) as txn:
-            if txn.get(_LAYOUT_KEY, db=self.meta_db) == _LAYOUT:
+            layout = txn.get(_LAYOUT_KEY, db=self.meta_db)
+            if layout == _LAYOUT:
+                return
+            if layout == b"2":  # ghosts without marks: forget them (they are hints), keep everything else
+                txn.drop(self.ghosts_db, delete=False)
+                txn.put(_LAYOUT_KEY, _LAYOUT, db=self.meta_db)
                 return
             started = time.monotonic()
             for db in (self.kids_db, self.expiry_db, self.usage_db, self.ghosts_db):
@@ -621,7 +629,7 @@ class ChunkIndex:
                 ghost = Ghost.unpack(raw)
                 entry = replace(entry, returned=True)
                 self.observations.append(Observation(OBS_RETURNED, ghost.bucket, ghost.tier, ghost.size,
-                                                     ghost.last_access, ghost.hits, entry.created))
+                                                     ghost.last_access, ghost.hits, entry.created, 1, ghost.marks))
         else:
             self._count_usage(txn, old, -1)
             if old.expires and old.expires != entry.expires:
@@ -850,7 +858,7 @@ class ChunkIndex:
                 ghost = Ghost.unpack(cursor.value())
                 cursor.delete()
                 self.observations.append(Observation(OBS_FORGOTTEN, ghost.bucket, ghost.tier, ghost.size,
-                                                     ghost.last_access, ghost.hits, now))
+                                                     ghost.last_access, ghost.hits, now, 1, ghost.marks))
 
         await self._submit(op)
 

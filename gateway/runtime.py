@@ -122,7 +122,7 @@ def _refuse_sqlite_on_network_fs(dsn: str) -> None:
 
 def validate_policy(policy: BucketPolicy) -> None:
     """Refuse placement policies the lifecycle engine could not apply."""
-    from gateway.lifecycle.policy import POLICIES
+    from gateway.lifecycle.policies import POLICIES
 
     try:
         TierId.parse(policy.write_tier)

@@ -355,7 +355,7 @@ class LifecycleEngine:
                         settle_removed.append(victim.key)
                     if last_copy and self.ghost_history > 0:
                         ghosts.append((victim.key, Ghost(bucket.name, int(tier), entry.size, victim.last_access,
-                                                         victim.hits + victim.returned)))
+                                                         victim.hits + victim.returned, victim.marks)))
                     gone.append((victim, parent, last_copy and self.ghost_history > 0))
                     continue
                 if isinstance(outcome, backend.TierUnavailable):

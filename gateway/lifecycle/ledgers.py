@@ -33,7 +33,8 @@ from backends.index import OBS_READ, ChunkIndex, Observation
 from backends.tiers import TierId
 from gateway.access import Directory
 from gateway.chunks import ChunkInfo, RemovedReason, StoredReason
-from gateway.lifecycle.policy import SampledPolicy, make_policy
+from gateway.lifecycle.policies import POLICIES, make_policy
+from gateway.lifecycle.policy import SampledPolicy
 
 log = logging.getLogger("kvgw.lifecycle")
 
@@ -172,4 +173,6 @@ class Ledgers:
 
 
 def _named(policy: SampledPolicy[Any], name: str) -> bool:
-    return policy.name == name or (name == "default" and policy.name == "hit-density")
+    """Whether ``policy`` is the one ``name`` stands for (``default`` is another policy's alias)."""
+    cls = POLICIES.get(name)
+    return policy.name == (cls.name if cls is not None else name)

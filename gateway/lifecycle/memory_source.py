@@ -95,7 +95,7 @@ class MemorySource(Generic[K]):
         if ghost is not None:
             self._ghost_keys.discard(key)
             self.observations.append(Observation(OBS_RETURNED, "", 1, ghost.size, ghost.last_access,
-                                                 ghost.hits + ghost.returned, now))
+                                                 ghost.hits + ghost.returned, now, 1, ghost.marks))
         self._present.add(key)
         self._fields[key] = (size, now, now, 0, ghost is not None, marks)
 
@@ -140,7 +140,7 @@ class MemorySource(Generic[K]):
             self._ghost_keys.discard(gone)
             ghost = self._ghosts.pop(gone)
             self.observations.append(Observation(OBS_FORGOTTEN, "", 1, ghost.size, ghost.last_access,
-                                                 ghost.hits + ghost.returned, now))
+                                                 ghost.hits + ghost.returned, now, 1, ghost.marks))
         return key in self._ghosts
 
     def link(self, child: K, parent: K) -> None:

@@ -50,7 +50,6 @@ from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 from backends.index import MARK_ONE_OFF, MARK_PINNED, MARK_SESSION_ENDED
 
 __all__ = [
-    "POLICIES",
     "Candidate",
     "ChunkSource",
     "FIFOPolicy",
@@ -58,8 +57,9 @@ __all__ = [
     "LFUPolicy",
     "LRUPolicy",
     "PrefixLRUPolicy",
+    "ReuseStats",
     "SampledPolicy",
-    "make_policy",
+    "age_bucket",
     "reuse_density",
 ]
 
@@ -156,6 +156,15 @@ class SampledPolicy(Generic[K]):
     def learn(self, observed: Observed) -> None:
         """A read, a return or a forgotten eviction of a chunk of this (bucket, tier)."""
         return None
+
+    def export(self) -> dict[str, Any] | None:
+        """What the policy has learnt, as a JSON-able document to keep in the catalog
+        (``gateway.lifecycle.state``); None: nothing worth keeping (only ``reuse`` keeps its state)."""
+        return None
+
+    def restore(self, doc: Any) -> bool:
+        """Take back what ``export`` wrote (of this policy); False if nothing was taken."""
+        return False
 
     def _observe_eviction(self, victim: Candidate[K], source: ChunkSource[K], now: float, remembered: bool) -> None:
         return None
@@ -310,9 +319,9 @@ _CLASSES = 2  # classes with statistics (TAIL leaves are simply evicted first)
 
 _PER_OCTAVE = 2
 _BASE_AGE = 0.05  # seconds: ages below this share bucket 0
-_NBUCKETS = 56  # up to 0.05 * 2**28 s (~150 days); older ages share the last bucket
-_LOW = [0.0] + [_BASE_AGE * 2 ** (b / _PER_OCTAVE) for b in range(1, _NBUCKETS + 1)]
-_WIDTH = [_LOW[b + 1] - _LOW[b] for b in range(_NBUCKETS)]
+AGE_BUCKETS = 56  # up to 0.05 * 2**28 s (~150 days); older ages share the last bucket
+_LOW = [0.0] + [_BASE_AGE * 2 ** (b / _PER_OCTAVE) for b in range(1, AGE_BUCKETS + 1)]
+AGE_WIDTH = [_LOW[b + 1] - _LOW[b] for b in range(AGE_BUCKETS)]
 
 _MIN_CLOSED = 32  # intervals a class must have seen end before its density is trusted
 _MIN_AT_RISK = 20  # a bucket's hazard is measured only where this many intervals reached it
@@ -322,13 +331,14 @@ _REFRESH_EVERY = 256  # evictions between two recomputations of the densities
 _WARMUP_TURNOVER = 0.5  # densities are trusted once this many evictions per cached chunk happened
 
 
-def _bucket(age: float) -> int:
+def age_bucket(age: float) -> int:
+    """The logarithmic age bucket (seconds since the last access) reuse statistics are kept in."""
     if age < _BASE_AGE:
         return 0
-    return min(int(math.log2(age / _BASE_AGE) * _PER_OCTAVE) + 1, _NBUCKETS - 1)
+    return min(int(math.log2(age / _BASE_AGE) * _PER_OCTAVE) + 1, AGE_BUCKETS - 1)
 
 
-class _ReuseStats:
+class ReuseStats:
     """Reuse-age statistics of one class and the hit density derived from them.
 
     An interval opens at every access (store or read) of a chunk and closes at its next read or return
@@ -343,17 +353,17 @@ class _ReuseStats:
     __slots__ = ("censored", "closed", "density", "reused")
 
     def __init__(self) -> None:
-        self.reused = [0.0] * _NBUCKETS
-        self.censored = [0.0] * _NBUCKETS
+        self.reused = [0.0] * AGE_BUCKETS
+        self.censored = [0.0] * AGE_BUCKETS
         self.closed = 0.0
         self.density: list[float] | None = None
 
     def close(self, age: float, *, reused: bool, count: float = 1.0) -> None:
-        (self.reused if reused else self.censored)[_bucket(age)] += count
+        (self.reused if reused else self.censored)[age_bucket(age)] += count
         self.closed += count
 
     def refresh(self, opened: list[float]) -> None:
-        self.density, self.closed = reuse_density(self.reused, self.censored, opened, _WIDTH, closed=self.closed,
+        self.density, self.closed = reuse_density(self.reused, self.censored, opened, AGE_WIDTH, closed=self.closed,
                                                   keep=_KEEP_CLOSED)
 
 
@@ -422,7 +432,7 @@ class HitDensityPolicy(SampledPolicy[K]):
     so the policy measures it. Chunks are FRESH (never read), REUSED (read, or stored again after an
     eviction the index remembered: ``returned``) or TAIL (never read and smaller than the largest chunk
     seen: a prompt's partial last block, which only an exact repeat of the prompt can hit). Per class
-    it keeps reuse-age statistics (``_ReuseStats``; ages are seconds since the last access, in
+    it keeps reuse-age statistics (``ReuseStats``; ages are seconds since the last access, in
     logarithmic buckets), fed by reads, returns and evictions, and from them a hit density per age: the
     best, over horizons, of P(read within the horizon | unread so far) over the expected occupancy
     until then. A candidate's rank is that density at its age divided by its size; TAIL leaves rank
@@ -441,7 +451,7 @@ class HitDensityPolicy(SampledPolicy[K]):
                  census: int = 256) -> None:
         super().__init__(samples=samples, pool=pool, rounds=rounds, descent=descent)
         self.census = census
-        self._stats = tuple(_ReuseStats() for _ in range(_CLASSES))
+        self._stats = tuple(ReuseStats() for _ in range(_CLASSES))
         self._largest = 0
         self._evicted = 0
         self._since_refresh = 0
@@ -464,7 +474,7 @@ class HitDensityPolicy(SampledPolicy[K]):
             return (0.0, c.last_access)
         density = self._stats[cls].density
         assert density is not None
-        return (0.0, density[_bucket(now - c.last_access)] / max(c.size, 1), c.last_access)
+        return (0.0, density[age_bucket(now - c.last_access)] / max(c.size, 1), c.last_access)
 
     def learn(self, observed: Observed) -> None:
         cls = self.classify(observed.size, observed.hits)
@@ -493,7 +503,7 @@ class HitDensityPolicy(SampledPolicy[K]):
     def refresh(self, source: ChunkSource[K], now: float) -> None:
         """Recompute the densities, with the open intervals estimated from a census of the source."""
         self._since_refresh = 0
-        opened = [[0.0] * _NBUCKETS for _ in range(_CLASSES)]
+        opened = [[0.0] * AGE_BUCKETS for _ in range(_CLASSES)]
         cached, weight = source.census(self.census)
         held = len(cached) * weight
         ghosts, ghost_weight = source.ghost_census(self.census)
@@ -501,27 +511,8 @@ class HitDensityPolicy(SampledPolicy[K]):
             for c in sample:
                 cls = self.classify(c.size, c.hits + c.returned)
                 if cls != TAIL:
-                    opened[cls][_bucket(now - c.last_access)] += each
+                    opened[cls][age_bucket(now - c.last_access)] += each
         for stats, open_ in zip(self._stats, opened, strict=True):
             stats.refresh(open_)
         self._trusted = (self._evicted >= _WARMUP_TURNOVER * held
                          and all(s.density is not None for s in self._stats))
-
-
-POLICIES: dict[str, type[SampledPolicy[Any]]] = {
-    "lru": LRUPolicy,
-    "fifo": FIFOPolicy,
-    "lfu": LFUPolicy,
-    "prefix-lru": PrefixLRUPolicy,
-    "hit-density": HitDensityPolicy,
-    "default": HitDensityPolicy,
-}
-
-
-def make_policy(name: str, **options: int) -> SampledPolicy[Any]:
-    """Build the policy registered under ``name`` (``default`` included); KeyError names the choices."""
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise KeyError(f"unknown eviction policy {name!r}; choose one of {sorted(POLICIES)}") from None
-    return cls(**options)
