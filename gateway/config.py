@@ -114,6 +114,7 @@ class Settings(BaseSettings):
     lifecycle_interval: float = 1.0  # seconds between lifecycle passes
     lifecycle_budget: int = 256  # chunks a pass may expire, replicate or evict
     lifecycle_lease_seconds: float = 5.0  # the lifecycle leader's lease; a dead leader is replaced within ~1.3x
+    lifecycle_state_save_seconds: float = 10.0  # how often the leader keeps what the policies learnt in the catalog
 
     index_map_size: int = 1 << 30
     index_sync: bool = False

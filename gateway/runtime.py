@@ -36,6 +36,7 @@ from gateway.config import ConfigurationError, Settings, is_fernet_key
 from gateway.leases import MAX_LEASE_MS, LeaseBook
 from gateway.lifecycle.engine import LifecycleEngine
 from gateway.lifecycle.ledgers import LargerUsage, Ledgers
+from gateway.lifecycle.state import PolicyStates
 from gateway.mover import TierMover
 from gateway.service import ChunkService
 
@@ -231,6 +232,8 @@ class Gateway:
             usage=(LargerUsage(self.cluster.usage, self.ledgers)
                    if self.cluster.enabled else self.ledgers),
             leader=self.leadership, leases=self.leases,
+            states=PolicyStates(self.cluster.db, self.cluster.member, clock=clock),
+            save_seconds=settings.lifecycle_state_save_seconds,
             clock=clock, interval=settings.lifecycle_interval, budget=settings.lifecycle_budget)
         self._tasks: list[asyncio.Task[None]] = []
 

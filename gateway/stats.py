@@ -30,6 +30,8 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         "lifecycle": {k: v for k, v in vars(lifecycle.totals).items() if isinstance(v, int)},
         "lifecycle_waiting": lifecycle.waiting,  # bucket -> why its usage stays over the watermark
         "lifecycle_leader": gateway.leadership.status(),  # whether this process runs eviction and TTL
+        "lifecycle_policies": gateway.ledgers.status(),  # the eviction policies this process runs, what they learnt
+        "lifecycle_state": lifecycle.state_status(),  # what they learnt, kept in the catalog
         "s3_breaker": getattr(gateway.tiers.get(TierId.S3), "breaker_state", None),  # closed/open/half-open
         "moved_bytes": dict(mover.moved_bytes),
         "promotions": mover.promotions,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import xxhash
@@ -97,6 +97,38 @@ class Ledgers:
     def count(self) -> int:
         """How many (bucket, tier) policies exist."""
         return len(self._policies)
+
+    def status(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Each (bucket, tier) policy's ``status()``, by bucket and tier label."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for (bucket, tier), policy in sorted(self._policies.items()):
+            out.setdefault(bucket, {})[TierId(tier).label] = policy.status()
+        return out
+
+    def export(self) -> list[tuple[str, int, str, Any]]:
+        """What each policy learnt that is worth keeping: (bucket, tier, policy name, state)
+        (``gateway.lifecycle.state``)."""
+        out: list[tuple[str, int, str, Any]] = []
+        for (bucket, tier), policy in sorted(self._policies.items()):
+            state = policy.export()
+            if state is not None:
+                out.append((bucket, int(tier), policy.name, state))
+        return out
+
+    def restore(self, saved: Mapping[tuple[str, int], tuple[str, Any, str]]) -> int:
+        """Hand saved states to the policies of the same name (making them as needed); how many took
+        theirs. A state of another policy than the bucket's current one is left alone."""
+        restored = 0
+        for (bucket, tier), (name, state, member) in sorted(saved.items()):
+            try:
+                policy = self.policy(bucket, TierId(tier))
+            except ValueError:
+                continue
+            if policy.name == name and policy.restore(state):
+                restored += 1
+                log.info("lifecycle: %s (%s tier) goes on from what %s learnt (%s)", bucket, TierId(tier).label,
+                         member or "a previous leader", name)
+        return restored
 
     def _policy_of(self, bucket: str) -> BucketPolicy:
         for policy in self._directory.buckets():

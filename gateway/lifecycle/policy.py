@@ -166,6 +166,10 @@ class SampledPolicy(Generic[K]):
         """Take back what ``export`` wrote (of this policy); False if nothing was taken."""
         return False
 
+    def status(self) -> dict[str, Any]:
+        """What the admin stats show of the policy (``/v1/admin/stats``, ``lifecycle_policies``)."""
+        return {"policy": self.name}
+
     def _observe_eviction(self, victim: Candidate[K], source: ChunkSource[K], now: float, remembered: bool) -> None:
         return None
 

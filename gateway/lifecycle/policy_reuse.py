@@ -78,6 +78,7 @@ class ReusePolicy(SampledPolicy[K]):
         self._evicted = 0
         self._since_refresh = 0
         self._trusted = False
+        self.restored = False  # started from a saved state (a restart or a new leader)
 
     # -- classes and densities ----------------------------------------------------------------------
 
@@ -190,7 +191,14 @@ class ReusePolicy(SampledPolicy[K]):
             return False
         self._fine, self._coarse = fine, coarse
         self._largest, self._evicted, self._trusted = largest, evicted, trusted
+        self.restored = True
         return True
+
+    def status(self) -> dict[str, Any]:
+        """Whether the densities are trusted yet, evictions learnt from, and whether it went on from a
+        saved state."""
+        return {"policy": self.name, "trusted": self._trusted, "evictions_learnt": self._evicted,
+                "restored": self.restored}
 
 
 def _stats_doc(stats: ReuseStats) -> dict[str, Any]:

@@ -231,6 +231,44 @@ async def test_engine_state_is_rebuilt_from_the_index_at_start(tmp_path: Path, c
         second.close()
 
 
+async def test_what_reuse_learnt_survives_a_restart(tmp_path: Path, clock: Clock) -> None:
+    """The leader keeps the policy's learnt state in the catalog (``policy_state``); after a restart the
+    policy goes on from it (trusted at once) instead of starting over as prefix-LRU."""
+    settings = load_settings(data_dir=tmp_path / "data", lifecycle_interval=3600.0, fsync=False)
+    first = Gateway(settings, clock=clock)
+    await start(first)
+    bucket = await make_bucket(first, "b-learnt", "reuse", capacity=40_000)
+    hot = [f"hot{i}" for i in range(15)]
+    for _ in range(20):  # a hot set read every round, and a stream of chunks never read again
+        for key in hot:  # as an engine does: a hit is read, a miss recomputed and stored
+            clock.now += 1
+            if await first.service.lookup(bucket, key) is None:
+                await put(first, bucket, key)
+            else:
+                await read(first, clock, bucket, [key])
+        for _ in range(20):
+            clock.now += 1
+            await put(first, bucket, f"cold{clock.now}")
+        await first.index.flush()
+        await first.lifecycle.run_pass()
+    learnt = first.ledgers.status()["b-learnt"]["fs"]
+    assert learnt["trusted"] and not learnt["restored"], learnt
+    await first.stop()  # saves what was learnt since the last pass
+    state = first.ledgers.export()
+    first.close()
+
+    second = Gateway(settings, clock=clock)
+    await start(second)
+    try:
+        await second.lifecycle.run_pass()
+        status = second.ledgers.status()["b-learnt"]["fs"]
+        assert status == {**learnt, "restored": True}
+        assert second.ledgers.export() == state
+    finally:
+        await second.stop()
+        second.close()
+
+
 async def test_touches_of_direct_reads_count_for_eviction(gateway: Gateway, clock: Clock) -> None:
     await start(gateway)
     try:
