@@ -69,6 +69,7 @@ from gateway.chunks import (
 from gateway.config import Settings
 from gateway.errors import (
     BadDigest,
+    Declined,
     IncompleteBody,
     InvalidKey,
     InvalidRequest,
@@ -78,6 +79,7 @@ from gateway.errors import (
 )
 from gateway.hints import HINT_MARKS
 from gateway.leases import LeaseBook, LeaseGrant
+from gateway.lifecycle.admission import decide
 from gateway.mover import TierMover
 from gateway.read_budget import ReadBudget, budgeted
 from kvgw_client.keys import InvalidKeyError, chunk_digest, digest_many
@@ -139,11 +141,14 @@ class ChunkService:
         clock: Callable[[], float] = time.time,
         admit_writes: Callable[[], str | None] | None = None,
         leases: LeaseBook | None = None,
+        pressed: Callable[[BucketPolicy], bool] | None = None,
     ) -> None:
         """``mover``: the tier mover promotions go through (the lifecycle engine shares it); by default
         one of the service's own over the same index, tiers, events and clock. ``admit_writes``: None
         while writes may proceed, else why not (the answer is 503 with that message). ``leases``: where
-        lookups take read leases (``lease``); without it a lease request is refused."""
+        lookups take read leases (``lease``); without it a lease request is refused. ``pressed(bucket)``:
+        whether the bucket's filesystem tier is at its low watermark or above, when admission declines
+        writes not worth what they would evict (``admit``); without it nothing is declined."""
         self._settings = settings
         self._directory = directory
         self._index = index
@@ -166,6 +171,8 @@ class ChunkService:
         self._budget = ReadBudget(settings.read_buffer_budget_bytes)
         self._background: set[asyncio.Task[None]] = set()
         self.write_through_skipped = 0  # writes not queued for S3 because the queue was full
+        self._pressed = pressed
+        self.admission: dict[str, dict[str, int]] = {}  # bucket -> outcome under pressure -> writes
 
     async def bucket(self, name: str) -> BucketPolicy:
         return await self._directory.bucket(name)
@@ -624,6 +631,25 @@ class ChunkService:
             return await self._reindex(digest, meta, bit, now)
         except backend.BackendError as exc:
             raise translate_backend_error(exc) from exc
+
+    def admit(self, bucket: BucketPolicy, parent: str | None, marks: int) -> None:
+        """Admission under pressure (``gateway.lifecycle.admission``), before a new chunk's body is read:
+        while the bucket's filesystem tier is at its low watermark or above, a chunk hinted as read by
+        no one again, or whose parent the lifecycle evicted, is declined (``Declined``, with the reason).
+        Outcomes under pressure are counted per bucket (``admission``; ``kvgw_admission_total``). Only
+        the native API asks: S3 clients know no "not stored" answer."""
+        if self._pressed is None or not self._pressed(bucket):
+            return
+        evicted = False
+        if parent is not None:
+            digest = chunk_digest(bucket.name, parent)
+            evicted = self._index.get(digest) is None and self._index.remembers(digest)
+        reason = decide(marks=marks, parent_evicted=evicted)
+        counts = self.admission.setdefault(bucket.name, {})
+        outcome = reason or "admitted"
+        counts[outcome] = counts.get(outcome, 0) + 1
+        if reason is not None:
+            raise Declined(reason)
 
     def _check_admission(self) -> None:
         if self._admit_writes is not None and (why := self._admit_writes()) is not None:

@@ -39,6 +39,8 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         # lookup here: NFS / FUSE negative caches): retried, and given up on after fs_visibility_seconds
         "fs_hidden": {"seen": gateway.fs.hidden_seen, "refused": gateway.fs.hidden_refused},
         "write_through_skipped": gateway.service.write_through_skipped,
+        # native PUTs while a bucket's fs tier was at its low watermark: admitted, or declined and why
+        "admission": gateway.service.admission,
         "leases": asdict(gateway.leases.stats),  # read leases this process granted, and the lifecycle left
         "cluster": gateway.cluster.stats(),  # usage of the whole tier (all gateways), feed, member
     }

@@ -295,6 +295,11 @@ class NativeAPI:
                 raise PreconditionFailed("the key already exists")
             await self._send_existed(req, send, existing, drain_limit=bucket.max_chunk_bytes)
             return
+        try:
+            self.service.admit(bucket, parent, marks)
+        except Declined:
+            await req.drain(bucket.max_chunk_bytes)  # read it all: a client still sending sees the answer
+            raise
         result = await self.service.put(
             bucket, key, req.body(self.body_idle_timeout),
             length=length, checksum=checksum, md5=md5, ttl=ttl, parent=parent, threaded=req.threaded_body(),

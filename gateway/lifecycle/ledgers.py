@@ -51,6 +51,14 @@ class UsageSource(Protocol):
         ...
 
 
+def at_low_watermark(usage: UsageSource, bucket: BucketPolicy) -> bool:
+    """Whether the bucket's filesystem tier is at its low watermark or above (it has no room to spare:
+    the lifecycle evicts for every new chunk), as ``usage`` last read it; False without a capacity.
+    Where admission under pressure starts (``ChunkService.admit``)."""
+    capacity = bucket.capacity_bytes
+    return capacity is not None and usage.usage(bucket.name, TierId.FS) >= capacity * bucket.low_watermark
+
+
 class LargerUsage:
     """The larger of two usage sources: the shared ledger and what the leader's own index holds.
 
