@@ -62,6 +62,7 @@ from kvgw_client.hicache import (
     split_pages,
 )
 from kvgw_client.http import KvgwClient, Payload, PutOutcome
+from kvgw_client.wire import Retention
 
 logger = logging.getLogger(__name__)
 
@@ -184,14 +185,31 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._count("get.hits", sum(ok))
         return ok
 
-    def _store(self, names: list[str], bodies: Sequence[Payload], parents: list[str | None]) -> list[bool]:
+    def _retentions(self, count: int, extra_info: Any) -> list[Retention | None]:
+        """``shared`` for the pages of a run that lie within the first ``shared_prefix_tokens`` tokens of
+        their prompt (a system prompt every request starts with), found from how many pages precede the
+        run (``prefix_keys``); nothing where that is unknown."""
+        limit = self.settings.shared_prefix_tokens
+        prefix_keys = getattr(extra_info, "prefix_keys", None)
+        pool = self.mem_pool_host
+        if not limit or prefix_keys is None or pool is None:
+            return [None] * count
+        page = int(pool.page_size)
+        first = len(prefix_keys)
+        return [Retention.SHARED if (first + i + 1) * page <= limit else None for i in range(count)]
+
+    def _store(self, names: list[str], bodies: Sequence[Payload], parents: list[str | None],
+               retentions: Sequence[Retention | None] | None = None) -> list[bool]:
         """PUT the pages not stored yet, all in flight at once; True where the page is stored."""
         present = [False] * len(names)
         if self.settings.skip_existing:
             present = self._client.blocking.exists(names, quiet=True, timeout=self.settings.lookup_timeout)
         todo = [i for i, p in enumerate(present) if not p]
+        classes = list(retentions) if retentions is not None else [None] * len(names)
+        self._count("set.shared", sum(1 for i in todo if classes[i] is Retention.SHARED))
         outcomes = self._client.io.call(self._put_all(
-            [names[i] for i in todo], [bodies[i] for i in todo], [parents[i] for i in todo]))
+            [names[i] for i in todo], [bodies[i] for i in todo], [parents[i] for i in todo],
+            [classes[i] for i in todo]))
         ok = list(present)
         for i, outcome in zip(todo, outcomes, strict=True):
             # DECLINED (admission under pressure) answers True, as a page stored and evicted at once would:
@@ -204,12 +222,13 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         return ok
 
     async def _put_all(
-        self, names: list[str], bodies: Sequence[Payload], parents: list[str | None]
+        self, names: list[str], bodies: Sequence[Payload], parents: list[str | None],
+        retentions: list[Retention | None],
     ) -> list[PutOutcome]:
         timeout = self.settings.io_timeout
         return list(await asyncio.gather(*(
-            self._client.put(n, b, parent=p, ttl=self.settings.ttl, quiet=True, timeout=timeout)
-            for n, b, p in zip(names, bodies, parents, strict=True)
+            self._client.put(n, b, parent=p, ttl=self.settings.ttl, retention=r, quiet=True, timeout=timeout)
+            for n, b, p, r in zip(names, bodies, parents, retentions, strict=True)
         )))
 
     # ------------------------------------------------------------------ lookups
@@ -265,7 +284,7 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             names = [self.name(k) for k in keys]
             parents = self._chain(names, extra_info)
             pages = self._page_views(host_indices, len(keys))
-            ok = self._store(names, pages, parents)
+            ok = self._store(names, pages, parents, self._retentions(len(keys), extra_info))
             self._record("backup", len(keys), sum(sum(len(v) for v in p) for p in pages), started)
             return ok
         except Exception as exc:
