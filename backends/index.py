@@ -69,6 +69,7 @@ from backends.tiers import TierId
 # size, checksum, created, expires, last_access, hits, tiers, flags, bucket_len, key_len
 RECORD = struct.Struct("<QQdddIBBHH")
 _EXPIRES = struct.Struct("<d")
+_SIZE = struct.Struct("<Q")  # RECORD's first field
 _PENDING = struct.Struct("<dI")  # queued at, attempts
 _EXPIRES_AT = 24
 _FEED_POSITION = struct.Struct("<Q")
@@ -437,6 +438,12 @@ class ChunkIndex:
         transaction."""
         with self._remap, self._begin(db=self.chunks_db) as txn:
             return alive_in(txn, digests, now)
+
+    def sizes_many(self, digests: Sequence[bytes]) -> list[int]:
+        """Each chunk's size (0 if not indexed), with no IndexEntry built: what a read lease records."""
+        unpack = _SIZE.unpack_from
+        with self._remap, self._begin(db=self.chunks_db) as txn:
+            return [0 if raw is None else unpack(raw)[0] for raw in map(txn.get, digests)]
 
     def alive_prefix(self, digests: Sequence[bytes], now: float) -> int:
         """How many leading digests are indexed and not expired (the prefix path): stops at the

@@ -3,14 +3,21 @@
     /v1/buckets/...                         native chunk API (raw ASGI, hot path)
     /healthz /readyz /v1/admin/... /docs    FastAPI (control plane, OpenAPI)
     everything else                         S3-compatible API (raw ASGI, gateway.api.s3.app)
+
+The control plane answers like the data plane: every response carries ``x-kvgw-request-id`` (its own
+routes, FastAPI's 404 and 405 too; ``with_request_id``), and credentials are checked by the same
+``Directory.authenticate`` the native API uses, which re-reads the catalog before refusing an access key
+it does not know: a credential works on ``/metrics`` and ``/v1/admin/*`` the moment ``kvgw cred create``
+returns, as on the data plane. ``/healthz`` and ``/readyz`` answer ``HEAD`` as well as ``GET``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -20,58 +27,72 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.api.http import IndexedAnswer, RawHeaders, Receive, Scope, Send, new_request_id, path_segment
+from gateway.api.http import (
+    IndexedAnswer,
+    Message,
+    RawHeaders,
+    Receive,
+    Scope,
+    Send,
+    new_request_id,
+    path_segment,
+)
 from gateway.api.native import BUCKETS_PREFIX, NativeAPI
 from gateway.api.s3.app import S3API
 from gateway.buckets import BucketService, new_bucket_policy
 from gateway.config import Settings
 from gateway.dataplane.lane import LookupLane
+from gateway.errors import KvgwError
+from gateway.logs import current_request_id
 from gateway.loopwatch import LoopWatch
 from gateway.metrics import RequestMetrics, StatsCollector, native_op
 from gateway.multipart import MultipartStore
-from gateway.readiness import Readiness
+from gateway.readiness import Readiness, ReadinessCache, ReadinessCollector
 from gateway.runtime import Gateway
 from gateway.stats import gateway_stats
+from gateway.version import kvgw_version
 
 log = logging.getLogger("kvgw")
 
 CONTROL_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc",
                            "/openapi.json"})
 CONTROL_PREFIX = "/v1/"  # "v1" is no valid bucket name, so S3 paths never start with it
+REQUEST_ID = "kvgw.request_id"
+"""ASGI scope key: the id ``with_request_id`` gave a control-plane request (its error bodies repeat it)."""
 
 
-def build_control_plane(gateway: Gateway, registry: CollectorRegistry) -> FastAPI:
-    api = FastAPI(title="kvgw", version="0.1.0", description="KV-cache storage gateway: control plane")
-    readiness = Readiness(gateway)
-    ready_cache: dict[str, Any] = {"at": 0.0, "ok": False, "detail": {}}
+METRICS_READINESS_WAIT = 2.0
+"""Seconds ``/metrics`` waits for a fresh readiness check before it reports the last one."""
+
+
+def build_control_plane(gateway: Gateway, registry: CollectorRegistry, readiness: ReadinessCache) -> FastAPI:
+    api = FastAPI(title="kvgw", version=kvgw_version(), description="KV-cache storage gateway: control plane")
     _json_errors(api)
 
-    @api.get("/healthz")
+    @api.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "ok", "version": kvgw_version()}
 
-    @api.get("/readyz")
+    @api.api_route("/readyz", methods=["GET", "HEAD"])
     async def readyz() -> JSONResponse:
-        now = time.monotonic()
-        if now - ready_cache["at"] > 1.0:
-            ok, detail = await asyncio.to_thread(readiness.check)
-            ready_cache.update(at=now, ok=ok, detail=detail)
-        status = 200 if ready_cache["ok"] else 503
-        return JSONResponse({"ready": ready_cache["ok"], "checks": ready_cache["detail"]}, status_code=status)
+        report = await readiness.current()
+        return JSONResponse({"ready": report.ready, "checks": report.checks}, status_code=200 if report.ready else 503)
 
     @api.get("/v1/admin/buckets")
     async def list_buckets(request: ControlRequest) -> dict[str, Any]:
-        _require_root(gateway, request)
+        await _require_root(gateway, request)
         return {"buckets": [b.name for b in gateway.directory.buckets()]}
 
     @api.get("/v1/admin/stats")
     async def stats(request: ControlRequest) -> dict[str, Any]:
-        _require_root(gateway, request)
+        await _require_root(gateway, request)
         return gateway_stats(gateway)
 
     @api.get("/metrics")
     async def metrics(request: ControlRequest) -> Response:
-        _require_root(gateway, request)  # like the admin stats (Prometheus sends the bearer token)
+        await _require_root(gateway, request)  # like the admin stats (Prometheus sends the bearer token)
+        with contextlib.suppress(TimeoutError):  # kvgw_readiness: fresh, unless the checks hang
+            await asyncio.wait_for(asyncio.shield(readiness.current()), METRICS_READINESS_WAIT)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return api
@@ -84,25 +105,58 @@ CONTROL_CODES = {400: "InvalidRequest", 401: "Unauthorized", 403: "AccessDenied"
 def _json_errors(api: FastAPI) -> None:
     """Control-plane errors in kvgw's one error form, with a request id (FastAPI's is ``{"detail"}``)."""
 
-    def answer(status: int, message: str) -> JSONResponse:
-        request_id = new_request_id()
+    def answer(request: ControlRequest, status: int, message: str,
+               headers: Mapping[str, str] | None = None) -> JSONResponse:
+        request_id = request.scope.get(REQUEST_ID) or new_request_id()
         body = {"error": {"code": CONTROL_CODES.get(status, "InternalError" if status >= 500 else "InvalidRequest"),
                           "message": message, "request_id": request_id}}
-        return JSONResponse(body, status_code=status, headers={"x-kvgw-request-id": request_id})
+        return JSONResponse(body, status_code=status, headers={**(headers or {}), "x-kvgw-request-id": request_id})
 
     @api.exception_handler(StarletteHTTPException)
-    async def http_error(_: ControlRequest, exc: StarletteHTTPException) -> JSONResponse:
-        return answer(exc.status_code, str(exc.detail))
+    async def http_error(request: ControlRequest, exc: StarletteHTTPException) -> JSONResponse:
+        return answer(request, exc.status_code, str(exc.detail), exc.headers)
 
     @api.exception_handler(RequestValidationError)
-    async def validation_error(_: ControlRequest, exc: RequestValidationError) -> JSONResponse:
-        return answer(422, "; ".join(str(e.get("msg")) for e in exc.errors()))
+    async def validation_error(request: ControlRequest, exc: RequestValidationError) -> JSONResponse:
+        return answer(request, 422, "; ".join(str(e.get("msg")) for e in exc.errors()))
 
 
-def _require_root(gateway: Gateway, request: ControlRequest) -> None:
+def with_request_id(app: Any) -> Any:
+    """``app`` with a request id on every HTTP response it sends (``x-kvgw-request-id``, unless the
+    response set it), in the scope (``REQUEST_ID``, for error bodies) and on every record logged while
+    it runs (``gateway.logs``), as the data plane's requests have."""
+
+    async def tagged(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        request_id = new_request_id()
+        scope[REQUEST_ID] = request_id
+        header = (b"x-kvgw-request-id", request_id.encode())
+
+        async def send_tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == header[0] for name, _ in headers):
+                    headers.append(header)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        token = current_request_id.set(request_id)
+        try:
+            await app(scope, receive, send_tagged)
+        finally:
+            current_request_id.reset(token)
+
+    return tagged
+
+
+async def _require_root(gateway: Gateway, request: ControlRequest) -> None:
+    """Root credentials, checked as the native API checks any: ``Directory.authenticate`` (a key not
+    in the view yet is looked up in the catalog before it is refused)."""
     try:
-        principal = gateway.directory.authenticate_bearer(request.headers.get("authorization"))
-    except Exception as exc:
+        principal = await gateway.directory.authenticate(request.headers.get("authorization"))
+    except KvgwError as exc:
         raise HTTPException(401, "invalid credentials") from exc
     if principal.access_key is None and not principal.is_root:
         raise HTTPException(401, "root credentials required")  # anonymous: credentials would help
@@ -120,14 +174,16 @@ class GatewayApp:
         self.registry = CollectorRegistry()
         self.metrics = RequestMetrics(self.registry)
         self.registry.register(StatsCollector(lambda: gateway_stats(gateway)))
+        self.readiness = ReadinessCache(Readiness(gateway))
+        self.registry.register(ReadinessCollector(lambda: self.readiness.last))
         self.loop_watch = LoopWatch(self.registry, threshold=settings.loop_stall_seconds)
         native = NativeAPI(gateway.service, gateway.directory, body_idle_timeout=settings.body_idle_timeout,
-                           lookups=self.metrics.count_lookup)
+                           lookups=self.metrics.count_lookup, changes=gateway.changes)
         calls = native.calls
         self.native = self.metrics.wrap("native", native,
                                         lambda scope: native_op(scope["method"], scope["path"], calls))
-        self.control = self.metrics.wrap("control", build_control_plane(gateway, self.registry),
-                                         lambda scope: str(scope["path"]))
+        control = with_request_id(build_control_plane(gateway, self.registry, self.readiness))
+        self.control = self.metrics.wrap("control", control, lambda scope: str(scope["path"]))
         self.s3_api = S3API(
             gateway.service, gateway.directory,
             BucketService(gateway.catalog, gateway.directory, gateway.index,

@@ -1,4 +1,11 @@
-"""The ``kvgw`` command: serve, maintenance (db, index, scrub), catalog administration, benchmarks."""
+"""The ``kvgw`` command: serve, maintenance (db, index, scrub), catalog administration, benchmarks.
+
+Every mistake gets one line and exit status 2: argparse's own (an unknown or abbreviated option, a
+port outside 1-65535, ``--workers 0``), or a ``ConfigurationError`` (a config file that is missing or
+not TOML, a bad setting, a data directory that is not there: only ``serve`` creates one, see
+``gateway.datadir``). Listings are aligned tables for people, ``--json`` (one object per line) for
+scripts; the commands that create or change something print the JSON of what they made.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +15,53 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from backends.tiers import TierId
+from gateway import datadir
 from gateway.config import Settings, load_settings
+from gateway.version import kvgw_version
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every parser and subparser of ``kvgw``: no abbreviations (``--worker 2`` is not ``--workers 2``;
+    a new option must never change what an old abbreviation meant)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """One line (argparse's usage block would bury the mistake), and where the usage is."""
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1 to 65535)")
+    return port
+
+
+def positive_int(text: str) -> int:
+    """``--workers``: at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return value
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML config file (also KVGW_CONFIG)")
-    parser.add_argument("--data-dir", type=Path, help="data directory (default ./kvgw-data)")
+    parser.add_argument("--data-dir", type=Path,
+                        help="data directory (also KVGW_DATA_DIR; default ./kvgw-data); only serve creates one")
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
@@ -36,10 +81,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(settings)
 
 
-def cmd_db_upgrade(args: argparse.Namespace) -> int:
+def _open_catalog(settings: Settings) -> Any:
+    """The catalog for a command other than serve: never creates a data directory."""
     from gateway.runtime import open_catalog
 
-    catalog = open_catalog(_settings(args))
+    return open_catalog(settings, create_data_dir=False)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    catalog = _open_catalog(_settings(args))
     print(f"catalog at {catalog.engine.url.render_as_string(hide_password=True)} is up to date")
     catalog.close()
     return 0
@@ -48,7 +98,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def _with_gateway(args: argparse.Namespace, job: Callable[[Any], Any]) -> Any:
     from gateway.runtime import Gateway
 
-    gateway = Gateway(_settings(args))
+    settings = _settings(args)
+    datadir.require(settings)  # these commands work on this gateway's index, which lives there
+    gateway = Gateway(settings)
     try:
         return asyncio.run(job(gateway))
     finally:
@@ -84,15 +136,19 @@ def cmd_bucket(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from gateway.buckets import describe_policy, new_bucket_policy
-    from gateway.runtime import open_catalog, validate_policy
+    from gateway.runtime import validate_policy
     from kvgw_client.keys import is_valid_bucket_name
 
     settings = _settings(args)
-    catalog = open_catalog(settings)
+    catalog = _open_catalog(settings)
     try:
         if args.bucket_cmd == "list":
-            for b in catalog.list_buckets():
-                print(json.dumps({**_policy_doc(b), "lifecycle": describe_policy(b)}))
+            buckets = catalog.list_buckets()
+            if args.json:
+                for b in buckets:
+                    print(json.dumps({**_policy_doc(b), "lifecycle": describe_policy(b)}))
+            else:
+                print(_bucket_table(buckets))
             return 0
         if not is_valid_bucket_name(args.name):
             print(f"invalid bucket name {args.name!r}", file=sys.stderr)
@@ -124,6 +180,46 @@ def _policy_doc(policy: Any) -> dict[str, Any]:
     return {f: getattr(policy, f) for f in policy.__slots__}
 
 
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Columns aligned on the widest cell, two spaces apart; the last column is not padded."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = []
+    for row in [headers, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)] + [row[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if value >= 1 << shift:
+            return f"{value / (1 << shift):.1f} {unit}"
+    return f"{value} B"
+
+
+def _duration(seconds: int | None) -> str:
+    if not seconds:
+        return "-"
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds % length == 0:
+            return f"{seconds // length} {unit}"
+    return f"{seconds} s"
+
+
+def _bucket_table(buckets: list[Any]) -> str:
+    rows = []
+    for b in buckets:
+        write = b.write_tier + ("+s3" if b.write_through else "")
+        anonymous = "/".join(a for a, on in (("read", b.anonymous_read), ("write", b.anonymous_write)) if on) or "-"
+        rows.append([b.name, write, _size(b.capacity_bytes), _size(b.s3_capacity_bytes),
+                     _duration(b.default_ttl_seconds), b.eviction_policy, _size(b.max_chunk_bytes), anonymous,
+                     "yes" if b.allow_empty_objects else "no"])
+    return table(["NAME", "WRITE", "FS CAPACITY", "S3 CAPACITY", "TTL", "EVICTION", "MAX CHUNK", "ANONYMOUS",
+                  "EMPTY OBJECTS"], rows)
+
+
 def cmd_bucket_delete(args: argparse.Namespace) -> int:
     """Through the gateway's own BucketService: emptiness is decided by the index, as DeleteBucket does."""
     import functools
@@ -147,9 +243,7 @@ def cmd_bucket_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_cred(args: argparse.Namespace) -> int:
-    from gateway.runtime import open_catalog
-
-    catalog = open_catalog(_settings(args))
+    catalog = _open_catalog(_settings(args))
     try:
         grants = {bucket: (True, bool(args.write)) for bucket in args.bucket or []}
         if args.delete and not grants:
@@ -167,9 +261,7 @@ def cmd_cred(args: argparse.Namespace) -> int:
 
 
 def _with_catalog(args: argparse.Namespace, job: Callable[[Any], int]) -> int:
-    from gateway.runtime import open_catalog
-
-    catalog = open_catalog(_settings(args))
+    catalog = _open_catalog(_settings(args))
     try:
         return job(catalog)
     finally:
@@ -177,14 +269,25 @@ def _with_catalog(args: argparse.Namespace, job: Callable[[Any], int]) -> int:
 
 
 def cmd_cred_list(args: argparse.Namespace) -> int:
-    """One JSON line per credential: access key, root, disabled, grants (never the secret)."""
+    """A table of credentials (``--json``: one JSON line each): access key, root, disabled, grants;
+    never the secret."""
 
     def job(catalog: Any) -> int:
-        for record in catalog.credentials():
+        rows = []
+        for record in sorted(catalog.credentials(), key=lambda r: r.access_key):
             grants = {bucket: {"read": read, "write": write, "delete": bucket in record.deletes}
-                      for bucket, (read, write) in record.grants.items()}
-            print(json.dumps({"access_key": record.access_key, "root": record.is_root,
-                              "disabled": record.disabled, "grants": grants}))
+                      for bucket, (read, write) in sorted(record.grants.items())}
+            if args.json:
+                print(json.dumps({"access_key": record.access_key, "root": record.is_root,
+                                  "disabled": record.disabled, "grants": grants}))
+                continue
+            what = ", ".join(f"{bucket}: " + "+".join(k for k, on in rights.items() if on)
+                             for bucket, rights in grants.items())
+            rows.append([record.access_key, "root" if record.is_root else "-",
+                         "disabled" if record.disabled else "active",
+                         "every bucket" if record.is_root else what or "-"])
+        if not args.json:
+            print(table(["ACCESS KEY", "ROOT", "STATUS", "GRANTS"], rows))
         return 0
 
     return _with_catalog(args, job)
@@ -223,6 +326,8 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     from gateway.cluster.members import cluster_status, format_status
 
     settings = _settings(args)
+    if settings.catalog_url is None:
+        datadir.require(settings)  # the embedded SQLite catalog lives there
     db = ClusterDB(settings.catalog_dsn, channel=settings.cluster_feed_channel)
     try:
         status = cluster_status(db, timeout_seconds=settings.cluster_member_timeout_seconds)
@@ -268,10 +373,12 @@ BENCHMARKS = {
     "sglang": "gateway.bench.sglang",  # SGLang HiCache L3: kvgw's backend, SGLang's S3 and file backends
     "head": "gateway.bench.head",  # S3 HEAD rate at 8 and 64 clients (vLLM's object tier) against a FastAPI route
     "s3-outage": "gateway.bench.s3_outage",  # exists / PUT / S3-only GET latency with S3 hung or dead
-    "floor": "gateway.bench.floor",  # where a small call's server CPU goes: socket, uvicorn, kvgw, in process
+    "floor": "gateway.bench.floor",  # where a small call's server CPU goes: socket, request cycle, kvgw, in process
     "cluster": "gateway.bench.cluster",  # RSS at 1M chunks, coordination cost, feed lag, --workers scaling
+    "vllm": "gateway.bench.vllm_tiers",  # vLLM's tiering manager: kvgw's tier, vLLM's fs and obj tiers
     "dataplane": "gateway.bench.dataplane",  # issue 31: uvicorn+ASGI, an own httptools protocol, granian RSGI
     "etag": "gateway.bench.etag",  # what an MD5-mode bucket costs a PUT, against an xxh3 one
+    "leases": "gateway.bench.leases",  # 64-key lookups with a read lease against the same without
 }
 
 
@@ -284,19 +391,20 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgw", description="KV-cache storage gateway")
+    parser = _Parser(prog="kvgw", description="KV-cache storage gateway")
+    parser.add_argument("--version", action="version", version=f"kvgw {kvgw_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway")
     _common(serve)
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8080)")
+    serve.add_argument("--port", type=port_number, help="port, 1 to 65535 (default 8080)")
     serve.add_argument("--anonymous", action="store_true",
                        help="let unauthenticated requests read and write every bucket (local use)")
     serve.add_argument("--anonymous-admin", action="store_true",
                        help="let unauthenticated requests also delete and administer (local use only)")
     serve.add_argument("--no-fsync", action="store_true", help="do not fsync chunks (faster, not crash-safe)")
-    serve.add_argument("--workers", type=int, help="worker processes sharing the port (default: one per core, "
+    serve.add_argument("--workers", type=positive_int, help="worker processes sharing the port (default: one per core, "
                        "at most KVGW_MAX_WORKERS, with a PostgreSQL catalog; 1 with the embedded SQLite one)")
     serve.add_argument("--log-format", choices=("text", "json"), help="log lines as text (default) or JSON")
     serve.add_argument("--tls-cert", type=Path, help="serve https with this certificate (PEM, chain first)")
@@ -351,8 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(remove)
     remove.add_argument("name")
     remove.set_defaults(func=cmd_bucket_delete)
-    listing = bucket_sub.add_parser("list")
+    listing = bucket_sub.add_parser("list", help="buckets and their policies, as a table")
     _common(listing)
+    listing.add_argument("--json", action="store_true", help="one JSON object per bucket and line (for scripts)")
     listing.set_defaults(func=cmd_bucket)
 
     cred = sub.add_parser("cred", help="credentials")
@@ -369,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.set_defaults(func=cmd_cred)
     listing = cred_sub.add_parser("list", help="list credentials and their grants (secrets are never shown)")
     _common(listing)
+    listing.add_argument("--json", action="store_true", help="one JSON object per credential and line (for scripts)")
     listing.set_defaults(func=cmd_cred_list)
     remove = cred_sub.add_parser("delete", help="delete a credential (gateways refuse it from their next refresh)")
     _common(remove)

@@ -4,10 +4,11 @@ Sources, highest precedence first: command-line flags, ``KVGW_*`` environment va
 file (``--config FILE`` or ``KVGW_CONFIG``), defaults. Nested settings use ``__`` in variable names
 (``KVGW_S3__ENDPOINT_URL``). Nothing here is read at import time.
 
-Mistakes get one clear line each: an unknown ``KVGW_*`` variable is reported (with the setting it was
-probably meant to be) and ignored, since the ``KVGW_`` namespace is shared with kvgw's client and
-tests; a value that does not parse refuses the start (``SettingsError``). ``postgres://`` and
-``postgresql://`` catalog URLs mean PostgreSQL through psycopg.
+Mistakes get one clear line each: an unknown ``KVGW_*`` variable or config-file key is reported (with
+the setting it was probably meant to be, and where capacity really is set: per bucket) and ignored,
+since the ``KVGW_`` namespace is shared with kvgw's client and tests; a value that does not parse, or a
+config file that is missing, unreadable or not TOML, refuses the start (``ConfigurationError``, one line
+per problem). ``postgres://`` and ``postgresql://`` catalog URLs mean PostgreSQL through psycopg.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import difflib
 import logging
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backends.s3_settings import S3TierSettings
@@ -62,7 +63,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KVGW_", env_nested_delimiter="__", extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = Field(default=8080, ge=1, le=65535)
     data_dir: Path = Path("kvgw-data")
     # Where each part lives; defaults are under data_dir. The fs tier may be an NFS mount; the index
     # and a SQLite catalog must be on local disk.
@@ -77,7 +78,7 @@ class Settings(BaseSettings):
     root_access_key: str | None = None
     root_secret_key: SecretStr | None = None
 
-    workers: int | None = None  # worker processes; None: one per core on a PostgreSQL catalog, 1 on SQLite
+    workers: int | None = Field(default=None, ge=1)  # worker processes; None: one per core on PostgreSQL, 1 on SQLite
     max_workers: int = 8  # the cap of the default above
     shutdown_grace_seconds: float = 30.0  # SIGTERM: in-flight requests get this long to finish
     tls_cert: Path | None = None  # serve https: certificate chain (PEM); needs tls_key
@@ -115,6 +116,9 @@ class Settings(BaseSettings):
     lifecycle_budget: int = 256  # chunks a pass may expire, replicate or evict
     lifecycle_lease_seconds: float = 5.0  # the lifecycle leader's lease; a dead leader is replaced within ~1.3x
     lifecycle_state_save_seconds: float = 10.0  # how often the leader keeps what the policies learnt in the catalog
+    # read leases are granted in memory; each process writes them this often (and at once when the
+    # lifecycle leader asks), and grants only within 4x this of its last write (gateway.leases)
+    lease_sync_seconds: float = 0.5
 
     index_map_size: int = 1 << 30
     index_sync: bool = False
@@ -205,14 +209,30 @@ class Settings(BaseSettings):
         return self.data_dir / "root-credentials"
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The settings table of a TOML config file (its ``[kvgw]`` table if it has one, else the whole
+    document). ConfigurationError, one line, when the file is missing, unreadable or not TOML; unknown
+    keys are reported (``report_unknown_keys``) and ignored."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigurationError(f"config file {path} (--config or KVGW_CONFIG) does not exist") from None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"config file {path} is not valid TOML: {exc}") from None
+    table = doc.get("kvgw", doc)
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"config file {path}: [kvgw] must be a table of settings")
+    report_unknown_keys(table, path, outside=[k for k in doc if k != "kvgw"] if table is not doc else [])
+    return table
+
+
 class _TomlSource(PydanticBaseSettingsSource):
-    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
         super().__init__(settings_cls)
-        self._data: dict[str, Any] = {}
-        if path is not None:
-            with open(path, "rb") as f:
-                doc = tomllib.load(f)
-            self._data = doc.get("kvgw", doc)
+        self._data = data
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return self._data.get(field_name), field_name, False
@@ -224,6 +244,8 @@ class _TomlSource(PydanticBaseSettingsSource):
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from flags (``overrides``; None values ignored), env, config file, defaults."""
     path = config_file or (Path(os.environ["KVGW_CONFIG"]) if os.environ.get("KVGW_CONFIG") else None)
+    report_unknown_variables(os.environ)
+    table = {} if path is None else read_config_file(path)
 
     class _Settings(Settings):
         @classmethod
@@ -235,9 +257,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return init_settings, env_settings, _TomlSource(settings_cls, path)
+            return init_settings, env_settings, _TomlSource(settings_cls, table)
 
-    report_unknown_variables(os.environ)
     values = {k: v for k, v in overrides.items() if v is not None}
     try:
         return _Settings(**values)
@@ -257,6 +278,41 @@ def known_variables() -> set[str]:
     return names
 
 
+def known_keys() -> set[str]:
+    """Every config-file key that is a setting: ``port``, ``s3.endpoint_url``, ..."""
+    return set(Settings.model_fields) | {f"s3.{name}" for name in S3TierSettings.model_fields}
+
+
+def suggestion(name: str, known: Iterable[str], *, separator: str = "_") -> str:
+    """What an unknown setting ``name`` gets after "ignored": `` (did you mean X?)`` for the closest
+    real setting, or where capacity is set when the name looks like capacity; "" for neither.
+
+    Matched without the ``KVGW_`` prefix (which every name shares, so ``KVGW_CAPACTY`` would otherwise
+    look like ``KVGW_PORT``): the closest whole name; else, for a name with a word like "capacity", the
+    bucket setting it must have meant; else the name with the word closest to one of this name's words
+    (``LOOKUP_TIMOUT`` -> ``S3__LOOKUP_TIMEOUT``).
+    """
+    prefix = ENV_PREFIX if name.upper().startswith(ENV_PREFIX) else ""
+    bare = name[len(prefix):].upper()
+    candidates = {k[len(prefix):].upper(): k for k in known}
+    guess = difflib.get_close_matches(bare, list(candidates), n=1, cutoff=0.75)
+    if guess:
+        return f" (did you mean {candidates[guess[0]]}?)"
+    words = [w for w in bare.replace(".", separator).split(separator) if len(w) >= 4]
+    if any(difflib.SequenceMatcher(None, word, "CAPACITY").ratio() >= 0.8 for word in words):
+        default = candidates.get("DEFAULT_CAPACITY_FRACTION", "default_capacity_fraction")
+        return (" (capacity is a bucket setting: kvgw bucket create|update NAME --capacity-bytes N; "
+                f"{default} sets a new bucket's default)")
+    best = (0.8, "")
+    for candidate in sorted(candidates):
+        for word in words:
+            for other in candidate.replace(".", separator).split(separator):
+                ratio = difflib.SequenceMatcher(None, word, other).ratio()
+                if ratio > best[0] or (ratio == best[0] and best[1] == ""):
+                    best = (ratio, candidate)
+    return f" (did you mean {candidates[best[1]]}?)" if best[1] else ""
+
+
 def report_unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Warn once per ``KVGW_*`` variable that is no setting (it is ignored); returns the warnings."""
     known = known_variables()
@@ -266,9 +322,24 @@ def report_unknown_variables(environ: Mapping[str, str]) -> list[str]:
         if (not upper.startswith(ENV_PREFIX) or upper in known or upper in OTHER_VARIABLES
                 or upper.startswith(OTHER_PREFIXES)):
             continue
-        guess = difflib.get_close_matches(upper, known, n=1)
-        hint = f" (did you mean {guess[0]}?)" if guess else ""
-        lines.append(f"unknown setting {name} ignored{hint}")
+        lines.append(f"unknown setting {name} ignored{suggestion(upper, known)}")
+    for line in lines:
+        log.warning(line)
+    return lines
+
+
+def report_unknown_keys(table: Mapping[str, Any], path: Path, *, outside: Iterable[str] = ()) -> list[str]:
+    """Warn once per key of a config file's settings table that is no setting (it is ignored), the same
+    rule as for variables; ``outside``: top-level keys beside a ``[kvgw]`` table. Returns the warnings."""
+    known = known_keys()
+    found = []
+    for key, value in table.items():
+        if key == "s3" and isinstance(value, dict):
+            found += [f"s3.{sub}" for sub in value if f"s3.{sub}" not in known]
+        elif key not in known:
+            found.append(key)
+    lines = [f"unknown setting {key} in {path} ignored{suggestion(key, known)}" for key in sorted(found)]
+    lines += [f"{key} in {path} ignored: the settings are in its [kvgw] table" for key in sorted(outside)]
     for line in lines:
         log.warning(line)
     return lines

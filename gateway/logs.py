@@ -56,3 +56,5 @@ def configure(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # alembic reports every migration context at INFO (7 lines per start): shown at debug only
+    logging.getLogger("alembic").setLevel(logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)

@@ -29,9 +29,11 @@ from backends.catalog.store import ETAG_MODES, BucketPolicy, Catalog, CatalogCon
 from backends.index import NETWORK_FILESYSTEMS, ChunkIndex, filesystem_type
 from backends.posix import PosixTier
 from backends.tiers import TierId
+from gateway import datadir
 from gateway.access import Directory, anonymous_principal
 from gateway.buckets import new_bucket_policy
 from gateway.cluster import Cluster
+from gateway.cluster.changes import ChangeStream
 from gateway.cluster.leader import Leadership, LeaseStore, SoleLeader
 from gateway.config import ConfigurationError, Settings, is_fernet_key
 from gateway.leases import MAX_LEASE_MS, LeaseBook
@@ -51,19 +53,25 @@ class RootCredentials:
     path: Path
 
 
-def open_catalog(settings: Settings) -> Catalog:
+def open_catalog(settings: Settings, *, create_data_dir: bool = True) -> Catalog:
     """Open the catalog, apply pending migrations, and bind the secret key (gateway and CLI alike).
 
     A new key is created only for a catalog that holds no secrets yet; a catalog that does, opened
     without its key or with another one, is refused with one line saying which key it expects,
-    before anything is written with the wrong key.
+    before anything is written with the wrong key. ``create_data_dir`` False (every command but
+    ``kvgw serve``): a data directory the catalog needs and that is not there is refused in one line
+    (``gateway.datadir``), never created.
     """
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if create_data_dir:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    elif settings.catalog_url is None:
+        datadir.require(settings)  # the embedded SQLite catalog lives there
     _refuse_sqlite_on_network_fs(settings.catalog_dsn)
     catalog = Catalog(settings.catalog_dsn, None)
     try:
         catalog.upgrade()
-        catalog.bind_key(_catalog_box(settings, catalog))
+        catalog.bind_key(_catalog_box(settings, catalog,
+                                      new_key=create_data_dir or settings.catalog_key_path.parent.is_dir()))
     except CatalogKeyMismatch as exc:
         catalog.close()
         raise ConfigurationError(
@@ -77,7 +85,8 @@ def open_catalog(settings: Settings) -> Catalog:
     return catalog
 
 
-def _catalog_box(settings: Settings, catalog: Catalog) -> SecretBox:
+def _catalog_box(settings: Settings, catalog: Catalog, *, new_key: bool = True) -> SecretBox:
+    """The catalog's key; a new one (a new catalog) only where ``new_key`` allows creating its file."""
     key = settings.given_catalog_key() or read_key_file(settings.catalog_key_path)
     if key is None:
         if catalog.holds_secrets() or catalog.key_fingerprint() is not None:
@@ -87,6 +96,8 @@ def _catalog_box(settings: Settings, catalog: Catalog) -> SecretBox:
                 f"no {settings.catalog_key_path}): set KVGW_CATALOG_KEY or KVGW_CATALOG_KEY_FILE to that key, "
                 "or run from the data dir that holds it (--data-dir); a new key would make them unreadable"
             )
+        if not new_key:
+            raise datadir.missing(settings)
         key = create_key_file(settings.catalog_key_path)
     try:
         return SecretBox(key)
@@ -214,8 +225,12 @@ class Gateway:
         # the cluster: publishes every tier change to the feed, applies other gateways' to the index
         self.cluster = Cluster(settings, self.catalog.url, self.index, self.tiers, local=self.ledgers,
                                local_usage=self.ledgers.usage, clock=clock)
-        # read leases between lookup and load, in the catalog database (every gateway sees them)
-        self.leases = LeaseBook(self.cluster.db, clock=clock)
+        # the change stream clients follow (stored / removed per bucket and prefix), read from the feed
+        self.changes = (ChangeStream(self.cluster.db, self.index, self.cluster.subscriber.index_token)
+                        if self.cluster.enabled else None)
+        # read leases between lookup and load: granted in memory, shared through the catalog database
+        self.leases = LeaseBook(self.cluster.db, self.cluster.member, sync_seconds=settings.lease_sync_seconds,
+                                clock=clock)
         self.mover = TierMover(
             self.index, self.tiers, events=self.cluster.events, clock=clock,
             read_window_bytes=settings.read_window_bytes, prefetch_concurrency=settings.prefetch_concurrency,
@@ -246,6 +261,7 @@ class Gateway:
             log.info("removed %d staged files left by interrupted writes", removed)
         await self.cluster.start()
         await self.leadership.start()
+        await self.leases.start()
         await self.lifecycle.start()
         settings = self.settings
         self._every(settings.catalog_refresh_seconds, "catalog refresh", self.directory.refresh)
@@ -255,7 +271,6 @@ class Gateway:
         if s3 is not None:
             self._every(settings.s3_staging_cleanup_seconds, "S3 staging cleanup",
                         lambda: s3.cleanup_staging(settings.staging_max_age_seconds), leader_only=True)
-        self._tasks.append(asyncio.create_task(self.leases.run(), name="kvgw-leases"))
         if self.cluster.enabled and self.settings.cluster_snapshot_seconds > 0:
             self._tasks.append(asyncio.create_task(self._share_snapshots(), name="kvgw-index-snapshots"))
 
@@ -294,6 +309,7 @@ class Gateway:
     async def stop(self) -> None:
         await self.lifecycle.stop()
         await self.leadership.stop()
+        await self.leases.stop()
         await self.service.close()
         await self.cluster.stop()
         for task in self._tasks:

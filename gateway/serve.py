@@ -1,8 +1,11 @@
 """``kvgw serve``: bind the port, build the app, say where everything is, serve on the bound socket.
 
-The socket is bound before anything is printed, so a port that is taken ends the start with one line
-(never a banner followed by a traceback), and the banner's curl and aws lines work as printed. TLS
-(``--tls-cert``/``--tls-key``) wraps the same socket; everything else is the same on https.
+The data directory is locked first (``gateway.datadir.ServeLock``: a second ``kvgw serve`` on it is
+refused in one line; the ``--workers`` processes share the lock), then the socket is bound before
+anything is printed, so a port that is taken ends the start with one line (never a banner followed by a
+traceback), and the banner's curl and aws lines work as printed. TLS (``--tls-cert``/``--tls-key``)
+wraps the same socket; everything else is the same on https. SIGTERM or SIGINT drain in-flight requests;
+the process then exits 0.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import ConfigurationError, Settings
+from gateway.datadir import ServeLock
+from gateway.version import kvgw_version
 
 log = logging.getLogger("kvgw")
 
@@ -72,7 +77,7 @@ def banner(settings: Settings, credentials: tuple[str, str] | None, lifecycle: s
     bucket = settings.default_bucket
     ca = f" --cacert {settings.tls_cert}" if settings.tls_cert else ""
     aws_ca = f" --ca-bundle {settings.tls_cert}" if settings.tls_cert else ""
-    lines = [f"kvgw: serving on {url} (data dir {settings.data_dir})"]
+    lines = [f"kvgw {kvgw_version()}: serving on {url} (data dir {settings.data_dir})"]
     if settings.anonymous_admin or settings.anonymous or credentials is None:
         auth, aws_env = "", "AWS_ACCESS_KEY_ID=anonymous AWS_SECRET_ACCESS_KEY=anonymous "
     else:
@@ -111,25 +116,29 @@ def serve(settings: Settings) -> int:
         if path is not None and not Path(path).is_file():
             raise ConfigurationError(f"TLS file {path} does not exist")
     raise_open_files_limit()
-    sock = listen(settings.host, settings.port)
-    workers = worker_count(settings)
-    if workers == 1:
-        from gateway.app import create_app
-
-        app = create_app(settings)
-        root = app.gateway.generated_root
-        announce(settings, None if root is None else root, app.gateway.directory.buckets(), workers)
-        return run_worker(settings, app, sock)
-    from gateway.runtime import bootstrap, open_catalog
-
-    catalog = open_catalog(settings)  # once, before the workers: root credentials and the default bucket
+    lock = ServeLock.acquire(settings.data_dir, settings.port)  # held until this process (and its workers) end
     try:
-        root = bootstrap(settings, catalog)
-        buckets = catalog.list_buckets()
+        sock = listen(settings.host, settings.port)
+        workers = worker_count(settings)
+        if workers == 1:
+            from gateway.app import create_app
+
+            app = create_app(settings)
+            root = app.gateway.generated_root
+            announce(settings, None if root is None else root, app.gateway.directory.buckets(), workers)
+            return run_worker(settings, app, sock)
+        from gateway.runtime import bootstrap, open_catalog
+
+        catalog = open_catalog(settings)  # once, before the workers: root credentials and the default bucket
+        try:
+            root = bootstrap(settings, catalog)
+            buckets = catalog.list_buckets()
+        finally:
+            catalog.close()
+        announce(settings, root, buckets, workers)
+        return Supervisor(settings, sock, workers).run()
     finally:
-        catalog.close()
-    announce(settings, root, buckets, workers)
-    return Supervisor(settings, sock, workers).run()
+        lock.release()
 
 
 def announce(settings: Settings, root: Any, buckets: list[Any], workers: int) -> None:

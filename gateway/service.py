@@ -359,18 +359,34 @@ class ChunkService:
             start += 1
         return start
 
+    def lease_now(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]] | None:
+        """``lease`` without waiting (a plain call the lookup path makes inline): None when only
+        ``lease`` can answer (``LeaseBook.grant_now``: the process's first lease, one longer than it
+        announced, one past its share of a capped bucket, a chunk removed a moment ago to re-check)."""
+        if self._leases is None:
+            return LeaseGrant(refused="this gateway grants no leases"), set()
+        digests = self._digests(bucket, keys)
+        grant = self._leases.grant_now(bucket.name, digests, self._index.sizes_many(digests), lease_ms,
+                                       max_lease_ms=bucket.max_lease_ms, cap_bytes=bucket.leased_bytes_cap())
+        if grant is None:
+            return None
+        return grant, ({key for key, digest in zip(keys, digests, strict=True) if digest in grant.gone}
+                       if grant.gone else set())
+
     async def lease(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]]:
         """Read-lease the chunks of ``keys``, which a lookup found just now (``gateway.leases``).
 
         Returns the grant and the keys to answer as absent after all: chunks the lifecycle is removing
         now, and chunks it removed a moment ago that no tier holds again. Never raises for the lease
-        table: without it the lookup answers without a lease (``LeaseGrant.refused`` says why)."""
-        if self._leases is None:
-            return LeaseGrant(refused="this gateway grants no leases"), set()
+        table: without it the lookup answers without a lease (``LeaseGrant.refused`` says why). Mostly
+        ``lease_now``; otherwise one sync of the lease table first."""
+        now = self.lease_now(bucket, keys, lease_ms)
+        if now is not None:
+            return now
+        assert self._leases is not None
         digests = self._digests(bucket, keys)
-        sizes = [(d, 0 if e is None else e.size) for d, e in zip(digests, self._index.get_many(digests), strict=True)]
-        grant = await self._leases.grant(bucket.name, sizes, lease_ms, max_lease_ms=bucket.max_lease_ms,
-                                         cap_bytes=bucket.leased_bytes_cap())
+        grant = await self._leases.grant(bucket.name, digests, self._index.sizes_many(digests), lease_ms,
+                                         max_lease_ms=bucket.max_lease_ms, cap_bytes=bucket.leased_bytes_cap())
         by_digest = dict(zip(digests, keys, strict=True))
         absent = {by_digest[d] for d in grant.gone}
         if grant.recheck:
@@ -771,7 +787,7 @@ class ChunkService:
                     if body is not None:
                         self._events.read(info.bucket, digest, source, now)
                         if self._leases is not None:
-                            self._leases.loaded((digest,))
+                            self._leases.loaded(info.bucket, (digest,))
                         return body
                     info = replace(info, tiers=info.tiers & ~bit)
                 if attempt == 0 and (fresh := await self._moved_elsewhere(digest, info, indexed_tiers)):

@@ -8,7 +8,6 @@ usage and the cluster's own summary; no storage is touched.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from typing import Any
 
 from backends.tiers import TierId
@@ -41,6 +40,6 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         "write_through_skipped": gateway.service.write_through_skipped,
         # native PUTs while a bucket's fs tier was at its low watermark: admitted, or declined and why
         "admission": gateway.service.admission,
-        "leases": asdict(gateway.leases.stats),  # read leases this process granted, and the lifecycle left
+        "leases": gateway.leases.report(),  # read leases this process granted, and the lifecycle left
         "cluster": gateway.cluster.stats(),  # usage of the whole tier (all gateways), feed, member
     }

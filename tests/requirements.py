@@ -34,6 +34,15 @@ def require_or_skip(reason: str) -> NoReturn:
     pytest.skip(reason, allow_module_level=True)
 
 
+def require_where(flag: str, reason: str) -> NoReturn:
+    """For what only some of CI's environments hold (vLLM lives in a venv of its own): skip, and fail
+    under ``KVGW_REQUIRE_SERVICES=1`` only where the environment variable ``flag`` is ``1``, which CI
+    sets for the run that is meant to have it (``KVGW_TEST_VLLM=1`` for ``.ci/.venv-vllm``)."""
+    if services_required() and os.environ.get(flag) == "1":
+        pytest.fail(f"required package missing ({REQUIRE_ENV}=1, {flag}=1): {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
 def require_module(name: str, reason: str | None = None) -> ModuleType:
     """``pytest.importorskip`` that fails instead of skipping under ``KVGW_REQUIRE_SERVICES=1``."""
     try:

@@ -153,6 +153,56 @@ class ChunkLease(Base):
     expires_at: Mapped[float] = mapped_column(Float)
 
 
+class LeaseMember(Base):
+    """A gateway process that grants read leases in memory (revision 0009, ``gateway.leases``): what it
+    has told the catalog. ``seen``: the last removal claim (``lease_log.seq``) it knew of before its last
+    sync, whose grants it had all written by then; ``quiet_at`` (the database's clock): past it, none of
+    its leases that ``chunk_leases`` lacks is still in force."""
+
+    __tablename__ = "lease_members"
+
+    member: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seen: Mapped[int] = mapped_column(BigInteger)
+    synced_at: Mapped[float] = mapped_column(Float)
+    quiet_at: Mapped[float] = mapped_column(Float)
+
+
+class LeaseLog(Base):
+    """What the lifecycle did to lease states, for the processes that grant leases (revision 0009):
+    claimed (``REMOVING``), removed (``REMOVED``) or let go (``RELEASED``), numbered per claim or settle
+    in commit order (``lease_head``)."""
+
+    __tablename__ = "lease_log"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    digest: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
+    state: Mapped[int] = mapped_column(SmallInteger)
+    expires_at: Mapped[float] = mapped_column(Float)
+    at: Mapped[float] = mapped_column(Float)  # the database's clock, for trimming
+
+
+class LeaseHead(Base):
+    """One row (``id`` = 1): the last ``lease_log`` number handed out, and the last one trimmed."""
+
+    __tablename__ = "lease_head"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    trimmed: Mapped[int] = mapped_column(BigInteger)
+
+
+class LeaseQuota(Base):
+    """A process's share of a bucket's leased-bytes cap (revision 0009): the bytes it may hold leased
+    (``bytes``) and holds (``used``). The shares of the live processes never add up past the cap."""
+
+    __tablename__ = "lease_quotas"
+
+    bucket: Mapped[str] = mapped_column(String(63), primary_key=True)
+    member: Mapped[str] = mapped_column(String(64), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    used: Mapped[int] = mapped_column(BigInteger)
+
+
 class ClusterLease(Base):
     __tablename__ = "cluster_leases"
 
@@ -163,7 +213,7 @@ class ClusterLease(Base):
 
 
 class PolicyState(Base):
-    """What an eviction policy learnt for one (bucket, tier) (revision 0009, ``gateway.lifecycle.state``)."""
+    """What an eviction policy learnt for one (bucket, tier) (revision 0010, ``gateway.lifecycle.state``)."""
 
     __tablename__ = "policy_state"
 

@@ -13,6 +13,7 @@ from kvgw_client.framing import BatchItem, BufferProvider, ItemStatus
 from kvgw_client.wire import Hint, Retention
 
 if TYPE_CHECKING:
+    from kvgw_client.changes import ChangePage
     from kvgw_client.http import KvgwClient, Payload, PutOutcome
 
 
@@ -76,3 +77,14 @@ class BlockingClient:
         timeout: float | None = None,
     ) -> tuple[list[str], bool]:
         return self._c.io.call(self._c.list_keys(prefix, after=after, limit=limit, quiet=quiet, timeout=timeout))
+
+    def changes(
+        self,
+        prefix: str = "",
+        *,
+        after: int | None = None,
+        limit: int = 1000,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> ChangePage | None:
+        return self._c.io.call(self._c.changes(prefix, after=after, limit=limit, quiet=quiet, timeout=timeout))

@@ -46,6 +46,7 @@ from yarl import URL
 from kvgw_client import keys as keyrules
 from kvgw_client import wire
 from kvgw_client.blocking import BlockingClient
+from kvgw_client.changes import ChangePage, parse_change_page
 from kvgw_client.config import ClientSettings
 from kvgw_client.direct import DirectReader, Location, ReadResult, parse_locations
 from kvgw_client.errors import (
@@ -428,6 +429,58 @@ class KvgwClient:
                 deadline=timeout,
             )
         )
+
+    async def changes(
+        self,
+        prefix: str = "",
+        *,
+        after: int | None = None,
+        limit: int = 1000,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> ChangePage | None:
+        """One page of the bucket's change stream under ``prefix`` after cursor ``after`` (None: from now
+        on; ``kvgw_client.changes``). quiet: None on failure."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        body: dict[str, object] = {"prefix": prefix, "after": after, "limit": limit}
+        return await self._io.run(
+            self._policy.op(
+                "changes", lambda: self._post_doc("changes", "changes", body, parse_change_page), quiet=quiet,
+                fallback=None, deadline=timeout,
+            )
+        )
+
+    async def put_many(
+        self,
+        keys: Sequence[str],
+        bodies: Sequence[Payload],
+        *,
+        parents: Sequence[str | None] | None = None,
+        ttl: int | None = None,
+        retention: Retention | Sequence[Retention | None] | None = None,
+        timeout: float | None = None,
+    ) -> list[PutOutcome]:
+        """Store a run of chunks, all in flight at once (``write_concurrency`` at a time), each naming
+        its parent (``parents``, e.g. ``ParentMap.parents_of_run``): the engines' stores. Quiet: a
+        chunk that failed is ``PutOutcome.FAILED``, one admission declined ``DECLINED``; nothing raises
+        for the gateway's sake. ``retention``: one class for every chunk, or one per chunk. Each body
+        is read until this returns, and not after."""
+        if parents is None:
+            parents = [None] * len(keys)
+        classes = (list(retention) if retention is not None and not isinstance(retention, str)
+                   else [retention] * len(keys))
+        if not len(keys) == len(bodies) == len(parents) == len(classes):
+            raise ValueError(f"{len(keys)} keys, {len(bodies)} bodies, {len(parents)} parents and "
+                             f"{len(classes)} retention classes")
+        return await self._io.run(self._put_many(list(keys), list(bodies), list(parents), ttl, classes, timeout))
+
+    async def _put_many(self, keys: list[str], bodies: list[Payload], parents: list[str | None], ttl: int | None,
+                        classes: list[Retention | None], timeout: float | None) -> list[PutOutcome]:
+        return list(await asyncio.gather(*(
+            self.put(k, b, parent=p, ttl=ttl, retention=r, quiet=True, timeout=timeout)
+            for k, b, p, r in zip(keys, bodies, parents, classes, strict=True)
+        )))
 
     async def aclose(self) -> None:
         if self._closed:
@@ -871,6 +924,7 @@ class KvgwClient:
 
         results = await self._direct.read_all(draw())
         taken: dict[int, tuple[int, Destination]] = {}
+        damaged: list[str] = []
         for (j, loc, dest), result in zip(jobs, results, strict=True):
             if result is ReadResult.OK:
                 data = dest.obj if into is None and isinstance(dest, memoryview) else None
@@ -883,8 +937,12 @@ class KvgwClient:
             self._policy.failures.failure("direct_read", result.value,
                                           f"{self._direct.root}/{loc.path}: fetching through the gateway")
             rest.append(j)
+            if result is ReadResult.MISMATCH:
+                damaged.append(keys[j])
             if into is not None:
                 taken[positions[j]] = (loc.size, dest)
+        if damaged:  # reported before the fetch, so the gateway answers from another copy (or a miss)
+            await self._report_damaged_now(damaged)
         rest.sort()
         if not taken or into is None:
             return done, rest, into
@@ -957,18 +1015,18 @@ class KvgwClient:
             yield failure
 
     def _report_damaged(self, keys: list[str]) -> None:
-        """Tell the gateway which chunks arrived with bytes that do not match their checksum (one call,
-        in the background): it verifies its copy and quarantines it if damaged, so the next read is
-        served from another tier or is a miss. Best effort: a report that fails changes nothing."""
-        self.counters.add("damaged_reported", len(keys))
-
-        async def report() -> None:
-            with contextlib.suppress(KvgwClientError, aiohttp.ClientError, OSError, TimeoutError):
-                await self._post_attempt("damaged", "damaged", {"keys": keys}, lambda doc: doc)
-
-        task = asyncio.ensure_future(report())
+        """``_report_damaged_now``, in the background (the read that found the damage goes on)."""
+        task = asyncio.ensure_future(self._report_damaged_now(keys))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _report_damaged_now(self, keys: list[str]) -> None:
+        """Tell the gateway which chunks arrived with bytes that do not match their checksum (one call):
+        it verifies its copy and quarantines it if damaged, so the next read is served from another
+        tier or is a miss. Best effort: a report that fails changes nothing."""
+        self.counters.add("damaged_reported", len(keys))
+        with contextlib.suppress(KvgwClientError, aiohttp.ClientError, OSError, TimeoutError):
+            await self._post_attempt("damaged", "damaged", {"keys": keys}, lambda doc: doc)
 
     async def _ping(self) -> bool:
         ok = await self._probe_once()

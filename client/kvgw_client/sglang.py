@@ -207,9 +207,9 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         todo = [i for i, p in enumerate(present) if not p]
         classes = list(retentions) if retentions is not None else [None] * len(names)
         self._count("set.shared", sum(1 for i in todo if classes[i] is Retention.SHARED))
-        outcomes = self._client.io.call(self._put_all(
-            [names[i] for i in todo], [bodies[i] for i in todo], [parents[i] for i in todo],
-            [classes[i] for i in todo]))
+        outcomes = self._client.io.call(self._client.put_many(
+            [names[i] for i in todo], [bodies[i] for i in todo], parents=[parents[i] for i in todo],
+            ttl=self.settings.ttl, retention=[classes[i] for i in todo], timeout=self.settings.io_timeout))
         ok = list(present)
         for i, outcome in zip(todo, outcomes, strict=True):
             # DECLINED (admission under pressure) answers True, as a page stored and evicted at once would:
@@ -220,16 +220,6 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._count("set.declined", sum(1 for o in outcomes if o is PutOutcome.DECLINED))
         self._count("set.failed", ok.count(False))
         return ok
-
-    async def _put_all(
-        self, names: list[str], bodies: Sequence[Payload], parents: list[str | None],
-        retentions: list[Retention | None],
-    ) -> list[PutOutcome]:
-        timeout = self.settings.io_timeout
-        return list(await asyncio.gather(*(
-            self._client.put(n, b, parent=p, ttl=self.settings.ttl, retention=r, quiet=True, timeout=timeout)
-            for n, b, p, r in zip(names, bodies, parents, retentions, strict=True)
-        )))
 
     # ------------------------------------------------------------------ lookups
 

@@ -34,7 +34,7 @@ RawHeaders = list[tuple[bytes, bytes]]  # a request's, as the ASGI scope holds t
 def plain_body_length(headers: RawHeaders) -> int | None:
     """The body length a request head announces when it is plain: its one ``Content-Length`` (0 without
     one). None when it is not: a ``Transfer-Encoding``, a repeated or non-numeric ``Content-Length``
-    (the protocol-level fast paths leave such requests to uvicorn, which answers or refuses them)."""
+    (the protocol-level fast paths leave such requests to the request cycle, which answers or refuses them)."""
     length = None
     for name, value in headers:
         if name == b"content-length":

@@ -11,6 +11,8 @@
     POST   /v1/buckets/{bucket}/touch           {"keys": [...]} -> {"touched": n} (reads done elsewhere)
     POST   /v1/buckets/{bucket}/locate          {"keys": [...]} -> {"chunks": [location | null, ...]}
     POST   /v1/buckets/{bucket}/list            {"prefix", "after", "limit"} -> {"keys": [...], "truncated"}
+    POST   /v1/buckets/{bucket}/changes         {"prefix", "after", "limit"} -> {"changes": [...], "cursor",
+                                                 "head", "reset"} (the change stream: gateway.cluster.changes)
     POST   /v1/buckets/{bucket}/damaged         {"keys": [...]} -> {"quarantined": n} (a verifying reader's report)
     POST   /v1/buckets/{bucket}/hints           {"hint", "keys": [...]} -> {"applied": n} (engine hints)
 
@@ -73,6 +75,7 @@ from gateway.api.http import (
 )
 from gateway.buckets import check_chunk_size
 from gateway.chunks import ChunkBody, ChunkInfo, ChunkLocation
+from gateway.cluster.changes import MAX_CHANGES, ChangeStream
 from gateway.errors import (
     Declined,
     InternalError,
@@ -86,7 +89,7 @@ from gateway.errors import (
     PreconditionFailed,
 )
 from gateway.hints import parse_hint, parse_retention
-from gateway.leases import MAX_LEASE_MS
+from gateway.leases import MAX_LEASE_MS, LeaseGrant
 from gateway.service import ChunkService
 from kvgw_client import wire
 from kvgw_client.keys import InvalidKeyError, is_valid_bucket_name, validate_key
@@ -149,11 +152,14 @@ LookupCounter = Callable[[str, int, int], None]
 
 class NativeAPI:
     def __init__(self, service: ChunkService, directory: Directory, *, body_idle_timeout: float = 60.0,
-                 lookups: LookupCounter = lambda op, hits, misses: None) -> None:
+                 lookups: LookupCounter = lambda op, hits, misses: None,
+                 changes: ChangeStream | None = None) -> None:
         """``body_idle_timeout``: seconds a PUT body may stall before the upload is dropped;
-        ``lookups(op, hits, misses)`` is told the outcome of every HEAD, exists and prefix (metrics)."""
+        ``lookups(op, hits, misses)`` is told the outcome of every HEAD, exists and prefix (metrics);
+        ``changes``: the change stream (None when the cluster feed is off: ``changes`` is then refused)."""
         self.service = service
         self.directory = directory
+        self.changes = changes
         self.body_idle_timeout = body_idle_timeout
         self._lookups = lookups
         self._chunk_handlers: dict[str, Handler] = {
@@ -170,6 +176,7 @@ class NativeAPI:
             "touch": self._touch,
             "locate": self._locate,
             "list": self._list,
+            "changes": self._changes,
             "damaged": self._damaged,
             "hints": self._hints,
         }
@@ -373,49 +380,60 @@ class NativeAPI:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
         found = await self.service.exists(bucket, keys)
-        answer: dict[str, Any] = {}
-        if lease_ms:
-            grant, absent = await self.service.lease(bucket, [k for k, hit in zip(keys, found, strict=True) if hit],
-                                                     lease_ms)
-            found = [hit and key not in absent for key, hit in zip(keys, found, strict=True)]
-            answer["lease"] = grant.doc()
-        hits = sum(found)
-        self._lookups("exists", hits, len(found) - hits)
-        await self._send_json(req, send, {"exists": found, **answer})
+        leased = await self.service.lease(bucket, _hits(keys, found), lease_ms) if lease_ms else None
+        await self._send_json(req, send, self._exists_answer(keys, found, leased))
 
     async def _prefix(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
         length = await self.service.prefix(bucket, keys)
+        leased = await self.service.lease(bucket, keys[:length], lease_ms) if lease_ms else None
+        await self._send_json(req, send, self._prefix_answer(keys, length, leased))
+
+    def _exists_answer(self, keys: list[str], found: list[bool], leased: Leased | None) -> dict[str, Any]:
+        """``exists``'s answer (counted): a chunk a lease found removed a moment ago is absent."""
         answer: dict[str, Any] = {}
-        if lease_ms:
-            grant, absent = await self.service.lease(bucket, keys[:length], lease_ms)
+        if leased is not None:
+            grant, absent = leased
+            found = [hit and key not in absent for key, hit in zip(keys, found, strict=True)]
+            answer["lease"] = grant.doc()
+        hits = sum(found)
+        self._lookups("exists", hits, len(found) - hits)
+        return {"exists": found, **answer}
+
+    def _prefix_answer(self, keys: list[str], length: int, leased: Leased | None) -> dict[str, Any]:
+        """``prefix``'s answer (counted): the run ends at a chunk a lease found removed a moment ago."""
+        answer: dict[str, Any] = {}
+        if leased is not None:
+            grant, absent = leased
             length = next((i for i, key in enumerate(keys[:length]) if key in absent), length)
             answer["lease"] = grant.doc()
         self._lookups("prefix", length, int(length < len(keys)))  # the run stops at its first miss
-        await self._send_json(req, send, {"length": length, **answer})
+        return {"length": length, **answer}
 
     def _lookup_indexed(self, op: str, request_id: str, authorization: str | None, bucket_name: str, _: str,
                         body: bytes) -> IndexedAnswer | None:
-        """``exists`` or ``prefix`` (``op``) without waiting: what ``_exists`` / ``_prefix`` answer."""
+        """``exists`` or ``prefix`` (``op``) without waiting: what ``_exists`` / ``_prefix`` answer, read
+        leases included (granted in memory, ``ChunkService.lease_now``; None when only the awaited
+        grant can answer: the request then takes the ASGI path)."""
         bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
-        keys, lease_ms = _lookup_doc(body)
-        if bucket is None or lease_ms:
+        if bucket is None:
             return None
-        doc: dict[str, Any]
+        keys, lease_ms = _lookup_doc(body)
+        leased: Leased | None = None
         if op == "exists":
             found = self.service.exists_now(bucket, keys)
             if found is None:
                 return None
-            hits = sum(found)
-            misses, doc = len(found) - hits, {"exists": found}
-        else:
-            length = self.service.prefix_now(bucket, keys)
-            if length is None:
+            if lease_ms and (leased := self.service.lease_now(bucket, _hits(keys, found), lease_ms)) is None:
                 return None
-            hits, misses, doc = length, int(length < len(keys)), {"length": length}  # stops at its first miss
-        self._lookups(op, hits, misses)
-        return _json_answer(op, request_id, doc)
+            return _json_answer(op, request_id, self._exists_answer(keys, found, leased))
+        length = self.service.prefix_now(bucket, keys)
+        if length is None:
+            return None
+        if lease_ms and (leased := self.service.lease_now(bucket, keys[:length], lease_ms)) is None:
+            return None
+        return _json_answer(op, request_id, self._prefix_answer(keys, length, leased))
 
     async def _prefetch(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """Stage S3-held chunks into the filesystem tier ahead of reads; answers at once."""
@@ -475,6 +493,26 @@ class NativeAPI:
         hint, keys = _hints_doc(await req.read_body(MAX_JSON_BYTES))
         applied = await self.service.hint(bucket, keys, hint)
         await self._send_json(req, send, {"applied": applied})
+
+    async def _changes(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """The bucket's changes under a prefix after a cursor (``gateway.cluster.changes``): what other
+        clients stored and what the lifecycle removed. ``after`` null: from now on (the answer's cursor
+        is the feed's head)."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
+        doc = await req.read_json(MAX_JSON_BYTES)
+        prefix = doc.get("prefix", "") if isinstance(doc, dict) else None
+        after = doc.get("after") if isinstance(doc, dict) else None
+        limit = doc.get("limit", MAX_CHANGES) if isinstance(doc, dict) else None
+        if (not isinstance(prefix, str) or not (after is None or (isinstance(after, int) and not isinstance(after, bool)
+                                                                   and after >= 0))
+                or isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES):
+            raise InvalidRequest(f'body must be {{"prefix": string, "after": cursor >= 0 or null, '
+                                 f'"limit": 1..{MAX_CHANGES}}}')
+        if self.changes is None:
+            raise InvalidRequest("the change stream needs the cluster feed, which this gateway runs without "
+                                 "(KVGW_CLUSTER_ENABLED=false)")
+        page = await self.changes.page(bucket.name, prefix, after, limit)
+        await self._send_json(req, send, page.doc())
 
     async def _send_json(self, req: Request, send: Send, doc: Any) -> None:
         headers = self._base_headers(req)
@@ -566,6 +604,14 @@ def _route(method: str, raw_path: str, chunk_handlers: dict[str, H], post_handle
     if method != "POST":
         raise MethodNotAllowed()
     return post, bucket, ""
+
+
+Leased = tuple[LeaseGrant, set[str]]
+"""A lookup's lease: the grant, and the keys it found removed a moment ago (answered absent)."""
+
+
+def _hits(keys: list[str], found: list[bool]) -> list[str]:
+    return [key for key, hit in zip(keys, found, strict=True) if hit]
 
 
 def _reader_verifies(req: Request) -> bool:

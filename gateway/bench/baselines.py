@@ -513,8 +513,10 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description="benchmark baselines: a plain FastAPI dict-lookup app, or "
-                                                 "(--raw) a minimal raw-socket HTTP responder")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False,
+        description="benchmark baselines: a plain FastAPI dict-lookup app, or (--raw) a minimal raw-socket HTTP "
+                    "responder")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--keys", type=int, default=64)
     parser.add_argument("--size", type=int, default=4096)

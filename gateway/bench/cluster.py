@@ -481,7 +481,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench cluster", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvgw bench cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="memory,coordination,lag,workers",
                         help="which rows to run (comma-separated: memory, coordination, lag, workers)")

@@ -899,7 +899,8 @@ def parse_list(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench dataplane", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench dataplane", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
     parser.add_argument("--clients", type=parse_list, default=[1, 8], help="client counts (default 1,8)")

@@ -129,7 +129,8 @@ def _table(phases: list[Phase]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench etag", description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench etag", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--size-mib", type=float, default=8.0, help="object size (default 8 MiB)")
     parser.add_argument("--count", type=int, default=40, help="PUTs per phase (default 40)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; the median counts (default 5)")

@@ -256,7 +256,7 @@ def report(socket_rounds: dict[tuple[str, str], list[Round]], inproc: dict[str, 
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench floor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvgw bench floor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--calls", type=int, default=20000, help="in-process calls per op")

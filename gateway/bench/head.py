@@ -300,7 +300,8 @@ def report_instructions(rows: Sequence[tuple[str, callgrind.Counted]]) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench head", description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench head", description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--clients", default="8,64", help="concurrent clients, each a process (default 8,64)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per phase (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median counts (default 3)")

@@ -889,7 +889,8 @@ def parse_size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvgw bench io", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench io", description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--sizes", default="1,8,32", help="chunk sizes, MiB unless suffixed K/M/G (default 1,8,32)")
     p.add_argument("--clients", default="1,8", help="concurrent clients (default 1,8)")
     p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement (default 3)")

@@ -421,7 +421,8 @@ def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[s
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="kvgw bench lmcache", description=__doc__.split("\n\n")[0] if __doc__ else "")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench lmcache", description=__doc__.split("\n\n")[0] if __doc__ else "")
     p.add_argument("--chunk-mib", type=int, default=8, help="chunk size in MiB (default 8)")
     p.add_argument("--chunks", type=int, default=16, help="chunks per request (default 16)")
     add_run_options(p, read="retrieve", read_done="retrieved", targets="abcdef", example="afe",

@@ -77,7 +77,7 @@ def read_phase(server: KvgwProcess, keys: list[str], clients: int, duration: flo
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench memory", description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvgw bench memory", description=__doc__)
     parser.add_argument("--sizes", default="16,32", help="chunk sizes in MiB (default 16,32)")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--objects", type=int, default=8, help="chunks per size the clients cycle over")

@@ -399,7 +399,7 @@ def sweep(base: Path) -> int:
 
 def main(argv: list[str] | None = None, prog: str = "python -m gateway.bench.rgw") -> int:
     """``start|stop|status DIR`` from a shell (for a manual run against RGW, or another tool's tests)."""
-    parser = argparse.ArgumentParser(prog=prog, description="A throwaway Ceph RGW cluster in DIR.")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog=prog, description="A throwaway Ceph RGW cluster in DIR.")
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("directory", type=Path, help="where the cluster lives (deleted by stop)")
     parser.add_argument("--port", type=int, default=0, help="radosgw's HTTP port (default: a free one)")

@@ -441,7 +441,8 @@ def _raise_on_sigterm() -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench s3", description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench s3", description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--size-mib", type=float, default=8.0, help="object size (default 8 MiB)")
     parser.add_argument("--clients", default="1,8", help="client counts (default 1,8)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (default 5)")

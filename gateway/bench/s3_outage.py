@@ -101,7 +101,8 @@ class Phase:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench s3-outage", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench s3-outage", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="requests of each kind per phase, after the first")
     parser.add_argument("--lookup-timeout", type=float, help="KVGW_S3__LOOKUP_TIMEOUT (default: the setting's)")
     parser.add_argument("--request-timeout", type=float, help="KVGW_S3__REQUEST_TIMEOUT (default: the setting's)")

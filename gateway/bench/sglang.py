@@ -190,7 +190,8 @@ def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[s
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="kvgw bench sglang", description=__doc__.split("\n\n")[0] if __doc__ else "")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="kvgw bench sglang", description=__doc__.split("\n\n")[0] if __doc__ else "")
     p.add_argument("--layout", default="page_first",
                    choices=["page_first", "page_first_direct", "page_head", "layer_first"])
     p.add_argument("--page-tokens", type=int, default=64, help="tokens per page (default 64)")

@@ -79,7 +79,7 @@ def open_stalled(port: int, count: int, stack: contextlib.ExitStack) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvgw bench slow-clients", description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvgw bench slow-clients", description=__doc__)
     parser.add_argument("--stalled", type=int, default=1000, help="stalled connections to hold open")
     parser.add_argument("--rounds", type=int, default=300, help="timed calls per operation and phase")
     parser.add_argument("--target-ms", type=float, default=100.0, help="p99 each operation must stay under")

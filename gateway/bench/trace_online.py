@@ -142,7 +142,7 @@ async def replay(url: str, requests: list[TraceRequest], args: argparse.Namespac
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvgw bench trace --mode online",
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="kvgw bench trace --mode online",
                                 description="Replay a Mooncake trace against a kvgw process.")
     p.add_argument("--mode", choices=["online"], default="online")
     p.add_argument("--trace", required=True, type=Path)

@@ -390,7 +390,7 @@ _LRU = "exact-lru"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = argparse.ArgumentParser(allow_abbrev=False,
         prog="kvgw bench trace --mode sim",
         description="Replay a Mooncake trace, or the generated multi-round QA workload, through an eviction "
                     "policy (the engine's sampled policies, or exact-<name> for the exact in-memory ones); "

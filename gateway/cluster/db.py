@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,6 +25,8 @@ from backends.catalog.models import CatalogMeta, ChunkEvent, ClusterLease, Clust
 from backends.catalog.store import make_engine
 
 T = TypeVar("T")
+
+log = logging.getLogger("kvgw.cluster")
 
 EVENTS: Table = ChunkEvent.__table__  # type: ignore[assignment]
 HEAD: Table = FeedHead.__table__  # type: ignore[assignment]
@@ -64,6 +67,39 @@ class ClusterDB:
         if not self.postgres:
             return None
         return self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def listen(self, channel: str, note: Callable[[str], None], state: Callable[[bool], None], *,
+                     what: str) -> None:
+        """Call ``note(payload)`` for every ``NOTIFY`` on ``channel`` (PostgreSQL; returns at once on
+        SQLite), ``state(True)`` once listening, ``state(False)`` when the connection is lost (``what``
+        names the listener in the warning). Reconnects with back-off forever; cancel to stop."""
+        import psycopg
+
+        dsn = self.listen_dsn()
+        if dsn is None:
+            return
+        backoff = 0.5
+        listening = False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=5)
+                async with conn:
+                    await conn.execute(f"LISTEN {channel}")
+                    listening = True
+                    state(True)
+                    backoff = 0.5
+                    async for notification in conn.notifies():
+                        note(notification.payload)
+            except asyncio.CancelledError:
+                state(False)
+                raise
+            except Exception as exc:  # the listener's poll keeps it going meanwhile
+                if listening:
+                    log.warning("%s: LISTEN connection lost (%s)", what, type(exc).__name__)
+                listening = False
+                state(False)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
 
     def upsert(self, table: Table) -> Any:
         """The dialect's INSERT that supports ``on_conflict_do_update`` (PostgreSQL and SQLite)."""

@@ -105,12 +105,14 @@ REMOVED_KINDS: dict[str, Kind] = {"deleted": Kind.DELETED, "evicted": Kind.EVICT
 # detail of an add: checksum, created, key length, key, then the parent's digest (16 bytes) if any, then
 # the MD5 ETag (``_MD5_MARK`` + ``backends.base.pack_md5_etag``) if the chunk has one: what follows the
 # key is told apart by its length (0, 16, 20 or 36 bytes); of a removal: checksum, created of the
-# incarnation removed, when the remover knew it
+# incarnation removed, when the remover knew it, then its key length and key (readers before the
+# change stream read the first 16 bytes only: compatible both ways)
 _ADD_DETAIL = struct.Struct("<QdH")
 _MD5_MARK = b"M5"
 _MD5_TAIL = len(_MD5_MARK) + MD5_ETAG_BYTES
 _SHIPPED_LINKS = 65536  # links remembered as shipped (a bounded memory, whatever the number of chunks)
 _REMOVE_DETAIL = struct.Struct("<Qd")
+_KEY_LENGTH = struct.Struct("<H")
 
 
 @dataclass(slots=True)
@@ -146,7 +148,31 @@ def add_detail(info: ChunkInfo, parent: bytes | None) -> bytes:
 
 
 def removal_detail(info: ChunkInfo | None) -> bytes | None:
-    return None if info is None else _REMOVE_DETAIL.pack(info.checksum, info.created)
+    if info is None:
+        return None
+    key = info.key.encode()
+    return _REMOVE_DETAIL.pack(info.checksum, info.created) + _KEY_LENGTH.pack(len(key)) + key
+
+
+def detail_key(kind: int, detail: bytes | None) -> str | None:
+    """The key a feed row names in its detail: every add's; a removal's when its remover knew it (and
+    published it: rows written before the change stream existed carry none). None otherwise."""
+    if detail is None:
+        return None
+    try:
+        if kind in ADDS and len(detail) >= _ADD_DETAIL.size:
+            _, _, key_len = _ADD_DETAIL.unpack_from(detail)
+            start = _ADD_DETAIL.size
+        elif kind in REMOVALS and len(detail) >= _REMOVE_DETAIL.size + _KEY_LENGTH.size:
+            (key_len,) = _KEY_LENGTH.unpack_from(detail, _REMOVE_DETAIL.size)
+            start = _REMOVE_DETAIL.size + _KEY_LENGTH.size
+        else:
+            return None
+        if len(detail) < start + key_len:
+            return None
+        return detail[start : start + key_len].decode()
+    except (struct.error, UnicodeDecodeError):
+        return None
 
 
 def to_change(kind: int, bucket: str, digest: bytes, tier: int, size: int, expires: float, at: float,
@@ -709,34 +735,18 @@ class FeedSubscriber:
 
 async def listen(db: ClusterDB, subscriber: FeedSubscriber) -> None:
     """Wake the subscriber on every ``NOTIFY`` of the feed channel (PostgreSQL); reconnects forever."""
-    import psycopg
 
-    dsn = db.listen_dsn()
-    if dsn is None:
-        return
-    backoff = 0.5
-    while True:
-        try:
-            conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True,
-                                                         connect_timeout=5)
-            async with conn:
-                await conn.execute(f"LISTEN {db.channel}")
-                subscriber.listening = True
-                subscriber.wake()  # catch up on what was published while not listening
-                backoff = 0.5
-                async for note in conn.notifies():
-                    if note.payload.rpartition(" ")[2] != subscriber.index_token:
-                        subscriber.wake()  # events of this index's own processes wait for the poll
-        except asyncio.CancelledError:
-            subscriber.listening = False
-            raise
-        except Exception as exc:  # the poll keeps the feed going meanwhile
-            if subscriber.listening:
-                log.warning("cluster feed: LISTEN connection lost (%s); polling every %.2f s until it is back",
-                            type(exc).__name__, subscriber.poll_seconds)
-            subscriber.listening = False
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 10.0)
+    def note(payload: str) -> None:
+        if payload.rpartition(" ")[2] != subscriber.index_token:
+            subscriber.wake()  # events of this index's own processes wait for the poll
+
+    def state(up: bool) -> None:
+        subscriber.listening = up
+        if up:
+            subscriber.wake()  # catch up on what was published while not listening
+
+    await db.listen(db.channel, note, state, what=f"cluster feed (polling every {subscriber.poll_seconds:.2f} s "
+                                                  "until it is back)")
 
 
 # -- retention -------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from backends.catalog.models import Bucket
 from backends.tiers import TierId
 from gateway.cluster.db import EVENTS, LEASES, MEMBERS, ClusterDB
 from gateway.cluster.usage import read_usage
+from gateway.version import kvgw_version
 
 log = logging.getLogger("kvgw.cluster")
 
@@ -42,15 +43,6 @@ def new_member_id(index_token: str | None = None) -> str:
     processes of one gateway share the last part, their index's identity (``ChunkIndex.identity``), by
     which the feed tells the events their index holds already."""
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{(index_token or secrets.token_hex(4))[:16]}"
-
-
-def kvgw_version() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("kvgw")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class Membership:

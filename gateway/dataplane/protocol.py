@@ -6,7 +6,7 @@ Per request, once its head is complete, the connection picks one of three paths:
   (and, through its threaded receive, into a worker thread that hashes and writes it);
 - the **request cycle** (``cycle.py``): the ASGI app, for everything else (the control plane included).
 
-Around them, per connection (the defences uvicorn lacks, and kvgw's answers for them, ``limits.py``):
+Around them, per connection (defences and the answers kvgw gives below its APIs, ``limits.py``):
 - a header deadline: from the connection's start, and from the first byte of each later request, the
   request head must be complete within ``header_timeout`` or the connection is closed (408 if some
   bytes came); idle keep-alive connections close after ``idle_timeout``;

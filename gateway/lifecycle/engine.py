@@ -125,6 +125,7 @@ class LifecycleEngine:
         self._restored = False  # this leadership has loaded the learnt state
         self._saved_at: float | None = None  # when this leadership last saved it (its clock)
         self._state_error = ""  # the last failure to load or save it (logged once per kind)
+        self._lease_trouble = ""  # why the last claim came to nothing
 
     @property
     def waiting(self) -> dict[str, str]:
@@ -289,6 +290,11 @@ class LifecycleEngine:
                 claimed |= await self._leases.claim(bucket, members)
         except LeaseUnavailable as exc:
             report.errors.append(f"lease table unreachable, nothing removed: {exc}")
+            self._lease_trouble = str(exc)
+            await self._settle(kept=list(claimed))
+            return None
+        if not self._fenced():  # a claim waits for the granting processes: the term may have run short
+            self._lease_trouble = "the leadership term ran short while the claim was acknowledged"
             await self._settle(kept=list(claimed))
             return None
         report.leased += len(digests) - len(claimed)
@@ -387,6 +393,7 @@ class LifecycleEngine:
             done += len(batch)
             claimed = await self._claim([(c.key, e) for c, _, e in batch], report)
             if claimed is None:
+                self._waiting[key] = f"removals wait for the read-lease table: {self._lease_trouble}"
                 break
             leased.update(c.key for c, _, _ in batch if c.key not in claimed)
             batch = [victim for victim in batch if victim[0].key in claimed]

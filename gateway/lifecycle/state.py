@@ -1,6 +1,6 @@
 """What the eviction policies learnt, kept in the catalog so it survives restarts and leader changes.
 
-One row per (bucket, tier) in ``policy_state`` (migration 0009): the policy's name, its learnt state
+One row per (bucket, tier) in ``policy_state`` (migration 0010): the policy's name, its learnt state
 (``SampledPolicy.export``: a JSON document; only ``reuse`` keeps one), when and by whom it was saved.
 The lifecycle leader saves every policy's state every ``save_seconds`` and when it stops leading
 (``gateway.lifecycle.engine``); a process that becomes the leader loads every row before its first

@@ -30,7 +30,7 @@ def test_default_bucket_capacity_is_ninety_percent_of_the_filesystem(
     server = server_factory(data_dir=tmp_path / "d", env={"KVGW_FS_ROOT": str(small_fs)}).start()
     expected = int(filesystem_size(small_fs) * 0.9)
     assert "bucket kvcache: above 90% of" in server.log()
-    code, out, _ = run("bucket", "list", "--data-dir", str(tmp_path / "d"))
+    code, out, _ = run("bucket", "list", "--data-dir", str(tmp_path / "d"), "--json")
     (doc,) = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and doc["capacity_bytes"] == expected
     assert "chunks are evicted in default order" in doc["lifecycle"]
@@ -55,6 +55,7 @@ def test_capacity_fraction_zero_means_unbounded_and_is_said(tmp_path: Path, monk
 
 def test_bucket_delete(server_factory: type[ServerProcess], tmp_path: Path) -> None:
     data = tmp_path / "d"
+    data.mkdir()  # buckets made before the first start: only `kvgw serve` creates a data dir
     assert run("bucket", "create", "scratch", "--data-dir", str(data))[0] == 0
     assert run("bucket", "create", "busy", "--data-dir", str(data))[0] == 0
     server = server_factory(data_dir=data).start()
@@ -66,5 +67,6 @@ def test_bucket_delete(server_factory: type[ServerProcess], tmp_path: Path) -> N
     assert code == 1 and "BucketNotEmpty" in err
     code, _, err = run("bucket", "delete", "nope", "--data-dir", str(data))
     assert code == 1 and "NoSuchBucket" in err
-    names = [json.loads(line)["name"] for line in run("bucket", "list", "--data-dir", str(data))[1].splitlines()]
+    listed = run("bucket", "list", "--data-dir", str(data), "--json")[1]
+    names = [json.loads(line)["name"] for line in listed.splitlines()]
     assert names == ["busy", "kvcache"]

@@ -47,7 +47,7 @@ def test_bucket_create_update_list(tmp_path: Path) -> None:
     updated = json.loads(out)
     assert code == 0 and updated["high_watermark"] == 0.95
     assert updated["default_ttl_seconds"] == 600  # fields not given are kept
-    code, out, _ = run("bucket", "list", "--data-dir", d)
+    code, out, _ = run("bucket", "list", "--data-dir", d, "--json")
     assert code == 0 and {json.loads(line)["name"] for line in out.splitlines()} == {"models"}
 
 

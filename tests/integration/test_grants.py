@@ -146,7 +146,7 @@ def test_a_delete_grant_is_per_bucket(gateway: ServerProcess) -> None:
     with native(gateway, doc["access_key"], doc["secret_key"]) as http:
         assert http.delete("/chunks/not-yours").status_code == 403
     listed = [json.loads(line) for line in subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "cred", "list", "--data-dir", str(gateway.data_dir)],
+        [sys.executable, "-m", "gateway.cli", "cred", "list", "--data-dir", str(gateway.data_dir), "--json"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
         env=dict(os.environ, KVGW_ROOT_ACCESS_KEY=ROOT_AK, KVGW_ROOT_SECRET_KEY=ROOT_SK)).stdout.splitlines()]
     mine = next(c for c in listed if c["access_key"] == doc["access_key"])

@@ -6,6 +6,7 @@ removal. Through HTTP: the wire format and its errors. Across gateways: tests/in
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -158,6 +159,7 @@ async def test_a_lookup_that_races_a_removal_answers_absent(gateway: Gateway, cl
     assert await gateway.leases.claim("lease", [digests["gone"], digests["back"]]) == {digests["gone"],
                                                                                       digests["back"]}
     await gateway.leases.settle(removed=[digests["back"]])  # "back": removed, then written again
+    await gateway.leases.sync()  # as every granting process learns of it (within a sync)
     with gateway.leases.engine.connect() as conn:
         kinds = dict(conn.execute(LEASES.select().with_only_columns(LEASES.c.digest, LEASES.c.kind)).all())
     assert kinds == {digests["gone"]: REMOVING, digests["back"]: REMOVED}
@@ -171,17 +173,26 @@ async def test_a_lookup_that_races_a_removal_answers_absent(gateway: Gateway, cl
 
 async def test_a_lease_table_that_cannot_be_reached_refuses_the_lease(gateway: Gateway, clock: Clock,
                                                                       tmp_path: Path) -> None:
+    """Leases are granted in memory while this process's last sync is recent (``fresh_seconds``); once it
+    is older, lookups are answered without a lease, and the lifecycle removes nothing meanwhile."""
     bucket = await make_bucket(gateway)
     await fill(gateway, clock, bucket, ["a"])
-    working = gateway.leases.engine
+    assert (await gateway.service.lease(bucket, ["a"], 1_000))[0].granted_ms  # takes its share of the cap
+    working, local = gateway.leases.engine, gateway.leases.local
     gateway.leases.engine = create_engine(f"sqlite:///{tmp_path / 'no-such-dir' / 'catalog.sqlite'}")
     try:
+        with pytest.raises(LeaseUnavailable):
+            await gateway.leases.sync()
+        recent, _ = await gateway.service.lease(bucket, ["a"], 1_000)  # the last sync is recent: in memory
+        local.monotonic = lambda: time.monotonic() + local.fresh_seconds  # and now it is not
         grant, absent = await gateway.service.lease(bucket, ["a"], 1_000)
         with pytest.raises(LeaseUnavailable):
             await gateway.leases.claim("lease", [chunk_digest("lease", "a")])
     finally:
         gateway.leases.engine.dispose()
         gateway.leases.engine = working
+        local.monotonic = time.monotonic
+    assert recent.granted_ms == 1_000
     assert grant.granted_ms == 0 and grant.refused is not None and "unreachable" in grant.refused and not absent
 
 

@@ -343,6 +343,7 @@ def test_sigkill_mid_demotion_then_every_chunk_readable(
     server = server_factory(data_dir=tmp_path / "data", env=env)
     from gateway.cli import main as kvgw
 
+    server.data_dir.mkdir(parents=True)  # a bucket made before the first start: only `kvgw serve` makes the dir
     os.environ.update({"KVGW_ROOT_ACCESS_KEY": "x", "KVGW_ROOT_SECRET_KEY": "y"})
     try:
         assert kvgw(["bucket", "create", "churn", "--data-dir", str(server.data_dir),

@@ -351,6 +351,20 @@ def test_what_the_lane_cannot_answer_reaches_the_asgi_app(lane: LaneServer, case
         assert reply.json()["exists"] == [True, True] and "lease" in reply.json()
 
 
+def test_leased_lookups_are_answered_on_the_lane_once_the_process_grants_in_memory(lane: LaneServer) -> None:
+    """The process's first lease syncs the lease table (the ASGI path awaits it); from then on leases
+    are granted in memory (``LeaseBook.grant_now``), so leased exists / prefix stay on the lane."""
+    first = exchange(lane, request("POST", EXISTS, keys_body(KEYS[:2], lease_ms=2000)))
+    assert first.json()["lease"]["chunks"] == 2
+    lane.calls()
+    exists = exchange(lane, request("POST", EXISTS, keys_body([*KEYS[2:5], "never-stored"], lease_ms=2000)))
+    prefix = exchange(lane, request("POST", PREFIX, keys_body([*KEYS[5:], "never-stored"], lease_ms=2000)))
+    assert exists.json()["exists"] == [True, True, True, False]
+    assert exists.json()["lease"]["chunks"] == 3 and exists.json()["lease"]["granted_ms"] == 2000
+    assert prefix.json()["length"] == 3 and prefix.json()["lease"]["chunks"] == 3
+    assert lane.calls() == []
+
+
 def test_connection_close_and_http_1_0_go_through_the_request_cycle(lane: LaneServer) -> None:
     closing = request("POST", EXISTS, keys_body(KEYS), extra=b"Connection: close\r\n")
     old = request("POST", EXISTS, keys_body(KEYS)).replace(b"HTTP/1.1", b"HTTP/1.0", 1)

@@ -46,6 +46,7 @@ def test_cred_create_elsewhere_against_a_shared_catalog_is_refused(
 ) -> None:
     monkeypatch.setenv("KVGW_CATALOG_URL", pg_url)
     gateway_dir, elsewhere = tmp_path / "gateway", tmp_path / "elsewhere"
+    gateway_dir.mkdir()  # the gateway's data dir; `elsewhere` is none (only `kvgw serve` creates one)
     code, out, _ = run("cred", "create", "--root", "--data-dir", str(gateway_dir))
     assert code == 0
     first = json.loads(out)

@@ -1,7 +1,10 @@
-"""``/readyz`` checks what it claims and names the part that failed; control-plane errors carry a request id."""
+"""``/readyz`` checks what it claims, names the part that failed, and takes a gateway out of service only for
+its own faults (``gateway.readiness``); control-plane errors carry a request id."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -46,23 +49,61 @@ def test_a_removed_index_directory_is_not_ready(server: ServerProcess) -> None:
     assert checks["index"].startswith("error: the index directory") and checks["fs"] == "ok"
 
 
-def test_a_full_tier_is_not_ready(server_factory: type[ServerProcess], tmp_path: Path, small_fs: Path) -> None:
-    server = server_factory(data_dir=tmp_path / "d", env={"KVGW_FS_ROOT": str(small_fs)}).start()
-    assert readyz(server).status_code == 200
-    ballast = small_fs / "ballast"
-    with open(ballast, "wb") as out:
+def fill(directory: Path) -> Path:
+    """Write a file into ``directory`` until its filesystem refuses more; the file."""
+    ballast = directory / "ballast"
+    with open(ballast, "wb", buffering=0) as out:
         try:
             while True:
                 out.write(b"\0" * (64 << 10))
-                out.flush()
         except OSError:
             pass
-    try:
-        wait_for(lambda: readyz(server).status_code == 503, "readyz turns 503 on a full tier")
-        assert readyz(server).json()["checks"]["fs"].startswith("error:")
-    finally:
-        ballast.unlink()
-    wait_for(lambda: readyz(server).status_code == 200, "readyz recovers once there is room again")
+    return ballast
+
+
+def readiness_metric(server: ServerProcess) -> dict[tuple[str, str], float]:
+    """``kvgw_readiness{check, state}`` as /metrics reports it now."""
+    text = httpx.get(f"{server.url}/metrics", headers=server.auth, timeout=30).text
+    return {(check, state): float(value) for check, state, value in
+            re.findall(r'^kvgw_readiness\{check="(\w+)",state="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_a_full_tier_stays_ready_reads_go_on_writes_are_507(
+    server_factory: type[ServerProcess], tmp_path: Path, small_fs: Path
+) -> None:
+    """A full filesystem tier (a real 8 MiB tmpfs filled to the last block) is every gateway's on a shared
+    NFS tier: taking them out of service would stop the reads that still work. Ready, and it says so."""
+    server = server_factory(data_dir=tmp_path / "d", env={"KVGW_FS_ROOT": str(small_fs),
+                                                          "KVGW_DEFAULT_CAPACITY_FRACTION": "0"}).start()
+    stored = os.urandom(1 << 20)
+    with httpx.Client(headers=server.auth, timeout=30) as client:
+        assert client.put(server.chunk_url("stored"), content=stored).status_code == 201
+        assert readyz(server).status_code == 200
+        ballast = fill(small_fs)
+        try:
+            wait_for(lambda: readyz(server).json()["checks"]["fs"].startswith("full: "), "readyz says fs: full")
+            r = readyz(server)
+            assert r.status_code == 200 and r.json()["ready"] is True
+            assert "writes answer 507" in r.json()["checks"]["fs"]
+            assert client.get(server.chunk_url("stored")).content == stored  # reads go on
+            put = client.put(server.chunk_url("new"), content=os.urandom(1 << 20))
+            assert put.status_code == 507 and put.json()["error"]["code"] == "InsufficientStorage"
+            assert client.head(server.chunk_url("new")).status_code == 404
+            metric = readiness_metric(server)
+            assert metric[("fs", "full")] == 1.0 and metric[("fs", "ok")] == 0.0 and metric[("fs", "error")] == 0.0
+        finally:
+            ballast.unlink()
+        wait_for(lambda: readyz(server).json()["checks"]["fs"] == "ok", "readyz says fs: ok once there is room")
+        assert client.put(server.chunk_url("new"), content=os.urandom(1 << 20)).status_code == 201
+        assert readiness_metric(server)[("fs", "ok")] == 1.0
+
+
+def test_a_tier_that_cannot_be_written_is_not_ready(server: ServerProcess) -> None:
+    """The gateway's own fault (here its staging directory is gone, as when a mount disappears): out."""
+    shutil.rmtree(server.data_dir / "fs" / "staging")
+    wait_for(lambda: readyz(server).status_code == 503, "readyz turns 503")
+    assert readyz(server).json()["checks"]["fs"].startswith("error: cannot write in")
+    assert readiness_metric(server)[("fs", "error")] == 1.0
 
 
 def test_control_plane_errors_have_request_ids(server: ServerProcess) -> None:

@@ -30,7 +30,7 @@ from gateway.errors import ServiceUnavailable
 from gateway.runtime import Gateway
 from gateway.stats import gateway_stats
 from kvgw_client.keys import chunk_digest
-from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess
+from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, wait_for
 from tests.rgw.fixtures import STOPPABLE_S3, stoppable_s3_of
 from tests.s3server import S3Endpoint
 
@@ -136,6 +136,7 @@ def test_new_writes_and_lookups_need_no_s3(server_factory: type[ServerProcess], 
     server = server_factory(data_dir=tmp_path / "data", env=env)
     from gateway.cli import main as kvgw
 
+    server.data_dir.mkdir(parents=True)  # a bucket made before the first start: only `kvgw serve` makes the dir
     os.environ.update({"KVGW_ROOT_ACCESS_KEY": "x", "KVGW_ROOT_SECRET_KEY": "y"})
     try:
         assert kvgw(["bucket", "create", "remote", "--data-dir", str(server.data_dir), "--write-tier", "s3"]) == 0
@@ -171,6 +172,12 @@ def test_new_writes_and_lookups_need_no_s3(server_factory: type[ServerProcess], 
             assert breaker_opens(lambda: c.get(f"{server.url}/v1/admin/stats").json()["s3_breaker"],
                                  lambda i: c.post(f"{server.url}/v1/buckets/kvcache/exists",
                                                   json={"keys": [f"more-{i}"]}).raise_for_status())
+            # every gateway shares S3: it stays ready (it serves the filesystem tier) and says S3 is down
+            wait_for(lambda: c.get(f"{server.url}/readyz").json()["checks"]["s3"].startswith("down: "),
+                     "readyz says s3: down")
+            ready = c.get(f"{server.url}/readyz")
+            assert ready.status_code == 200 and ready.json()["ready"] is True
+            assert 'kvgw_readiness{check="s3",state="down"} 1.0' in c.get(f"{server.url}/metrics").text
         finally:
             assert outage_s3.server is not None
             outage_s3.server.resume()

@@ -82,7 +82,7 @@ def run_shell(line: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
 def test_banner_curl_and_aws_lines_work_as_printed(server_factory: type[ServerProcess], tmp_path: Path) -> None:
     server = server_factory(data_dir=tmp_path / "d").start()
     log = server.log()
-    assert log.index("kvgw: serving on") > 0 or log.startswith("kvgw: serving on")
+    assert re.search(r"^kvgw \S+: serving on ", log, re.M)
     env = dict(os.environ, KVGW_ROOT_ACCESS_KEY=ROOT_AK, KVGW_ROOT_SECRET_KEY=ROOT_SK)
     curl = run_shell(banner_line(log, "curl -fsS"), env)
     assert curl.returncode == 0, curl.stderr
@@ -108,7 +108,7 @@ def test_generated_credentials_work_in_the_banner_lines(tmp_path: Path) -> None:
         assert run_shell(curl, env).returncode == 0
         server.stop()
         server.start()  # a later start names the credentials file instead of printing the secret again
-        curl = banner_line(server.log().split("kvgw: serving on")[-1], "curl -fsS")
+        curl = banner_line(server.log().split(": serving on")[-1], "curl -fsS")
         assert "root-credentials" in curl
         assert run_shell(curl.replace("/hello", "/hello2"), env).returncode == 0
     finally:
@@ -200,7 +200,7 @@ async def test_https_with_kvgw_client(tls_server: ServerProcess) -> None:
 
 def test_tls_needs_both_files(tmp_path: Path) -> None:
     _, cert, _ = make_tls(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir",
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", "65535", "--data-dir",
                              str(tmp_path / "d"), "--tls-cert", str(cert)], capture_output=True, text=True,
                             cwd=REPO, env={**os.environ, "KVGW_LOG_LEVEL": "warning"}, timeout=60)
     assert result.returncode == 2 and re.search(r"TLS needs both --tls-cert and --tls-key", result.stderr)

@@ -614,26 +614,14 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         self._parents.learn(names)
         bodies = [self._body(obj) for obj in memory_objs]
         retention, _ = request_hints(keys)
-        outcomes = await self._client.io.run(self._put_all(names, bodies, parents, retention))
+        outcomes = await self._client.put_many(names, bodies, parents=parents, ttl=self.settings.ttl,
+                                               retention=retention)
         failed = sum(1 for o in outcomes if o is PutOutcome.FAILED)
         if failed:
             self._client.counters.add("lmcache.put_failed", failed)
         declined = sum(1 for o in outcomes if o is PutOutcome.DECLINED)
         if declined:
             self._client.counters.add("lmcache.put_declined", declined)
-
-    async def _put_all(
-        self, names: Sequence[str], bodies: Sequence[Payload], parents: Sequence[str | None],
-        retention: Retention | None = None,
-    ) -> list[PutOutcome]:
-        return list(
-            await asyncio.gather(
-                *(
-                    self._client.put(n, b, parent=p, ttl=self.settings.ttl, retention=retention, quiet=True)
-                    for n, b, p in zip(names, bodies, parents, strict=True)
-                )
-            )
-        )
 
     def _session_ended(self, keys: Sequence[CacheEngineKey], loaded: Sequence[bool]) -> None:
         """A session's last turn loaded these chunks: tell the gateway, in the background (a hint lost

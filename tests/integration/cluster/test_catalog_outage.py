@@ -139,3 +139,25 @@ def test_writes_queue_while_postgresql_is_down_and_publish_when_it_is_back(
     with httpx.Client(headers=b.auth, timeout=30) as cb:
         wait_for(lambda: cb.get(f"{b.url}/v1/admin/stats").json()["cluster"]["usage"].get("kvcache", {})
                  .get("fs_chunks") == 8, "the shared usage ledger has every write")
+
+
+def test_a_gateway_without_its_catalog_stays_ready_and_says_so(launch: Launch, pg_url: str, proxy: TcpProxy) -> None:
+    """Every gateway shares the catalog: taking them all out of service for it would stop the reads and
+    writes that still work. Ready (200), ``catalog: unreachable``, in /readyz and in the metric."""
+    a = launch("a", KVGW_CATALOG_URL=_via(pg_url, proxy), KVGW_WORKERS="1")
+    data = os.urandom(20_000)
+    with httpx.Client(headers=a.auth, timeout=30) as ca:
+        assert ca.put(a.chunk_url("before"), content=data).status_code == 201
+        assert ca.get(f"{a.url}/readyz").json()["checks"]["catalog"] == "ok"
+        proxy.cut()
+        wait_for(lambda: ca.get(f"{a.url}/readyz").json()["checks"]["catalog"].startswith("unreachable: "),
+                 "readyz says the catalog is unreachable")
+        ready = ca.get(f"{a.url}/readyz")
+        assert ready.status_code == 200 and ready.json()["ready"] is True
+        assert ca.get(a.chunk_url("before")).content == data  # reads go on
+        assert ca.put(a.chunk_url("during"), content=data).status_code == 201  # and writes
+        metrics = ca.get(f"{a.url}/metrics").text
+        assert 'kvgw_readiness{check="catalog",state="unreachable"} 1.0' in metrics
+        assert "kvgw_ready 1.0" in metrics
+        proxy.restore()
+        wait_for(lambda: ca.get(f"{a.url}/readyz").json()["checks"]["catalog"] == "ok", "the catalog is back", 60)

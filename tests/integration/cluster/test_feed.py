@@ -278,7 +278,9 @@ def test_cluster_status_shows_members_feed_and_usage(launch: Launch, cluster_env
     wait_for(lambda: {m["url"] for m in json.loads(_kvgw(env, "cluster", "status", "--json", "--data-dir",
                                                          str(tmp_path / "cli")).stdout)["members"]} == {a.url},
              "b left")
-    # an explicit recount of the usage ledger from the tier agrees with the ledger
+    # an explicit recount of the usage ledger from the tier agrees with the ledger (a command that opens
+    # the tiers needs an existing data dir: only `kvgw serve` makes one)
+    (tmp_path / "cli").mkdir(exist_ok=True)
     recount = _kvgw(env, "cluster", "reconcile", "--data-dir", str(tmp_path / "cli"))
     assert recount.returncode == 0, recount.stderr
     assert json.loads(recount.stdout.splitlines()[0]) == {"bucket": "kvcache", "tier": "fs", "bytes": 4096,
@@ -358,3 +360,24 @@ def test_demotion_and_promotion_travel_through_the_feed(launch: Launch, cluster_
     wait_for(lambda: locate(a)[keys.index(demoted[0])].get("path") is not None, "a saw the promotion")
     wait_for(lambda: _stats(b)["cluster"]["usage"].get("tiered", {}).get("s3_chunks", 0) >= len(demoted),
              "the demotions in the cluster usage")
+
+
+def test_the_change_stream_from_another_gateway(launch: Launch) -> None:
+    """Stores and deletes made through gateway a, read from gateway b's change stream: the same changes
+    in feed order, a cursor from one gateway continues on the other, and b reports a removal only once
+    its own index no longer holds the chunk."""
+    a, b = launch("a"), launch("b")
+    with _client(a) as ca, _client(b) as cb:
+        start = cb.post("/v1/buckets/kvcache/changes", json={"prefix": "cs/"}).json()
+        for i in range(4):
+            assert ca.put(a.chunk_url(f"cs/{i}"), content=os.urandom(1000)).status_code == 201
+        assert ca.delete(a.chunk_url("cs/1")).status_code == 204
+
+        def read(client: httpx.Client, after: int) -> list[tuple[str, str]]:
+            page = client.post("/v1/buckets/kvcache/changes", json={"prefix": "cs/", "after": after}).json()
+            return [(c["op"], c["key"]) for c in page["changes"]]
+
+        want = [("stored", f"cs/{i}") for i in range(4)] + [("removed", "cs/1")]
+        wait_for(lambda: read(cb, start["cursor"]) == want, "b's change stream to carry a's changes")
+        assert cb.head(b.chunk_url("cs/1")).status_code == 404  # b's index had applied the delete
+        assert read(ca, start["cursor"]) == want  # a cursor b gave means the same on a

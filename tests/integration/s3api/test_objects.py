@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import formatdate
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -75,6 +77,21 @@ def test_an_empty_object_is_refused_by_default(s3: Any) -> None:
     s3.abort_multipart_upload(Bucket=B, Key="empty-parts", UploadId=upload)
     s3.put_object(Bucket=B, Key="empty", Body=b"x")  # the key is free for the real write
     assert s3.get_object(Bucket=B, Key="empty")["Body"].read() == b"x"
+
+
+def test_an_empty_chunked_body_is_refused(server_factory: type[ServerProcess], tmp_path: Path) -> None:
+    """A PutObject in Transfer-Encoding: chunked, no length (the body's end decides its size), that ends
+    without a byte: refused when it ends, nothing published."""
+
+    def nothing() -> Iterator[bytes]:
+        yield from ()
+
+    server = server_factory(data_dir=tmp_path / "d", extra_args=["--anonymous"]).start()
+    r = httpx.put(f"{server.url}/kvcache/chunked-empty", content=nothing(), timeout=30,
+                  headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+    assert r.headers.get("transfer-encoding") is None and r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 400 and "<Code>MissingRequestBodyError</Code>" in r.text
+    assert httpx.head(f"{server.url}/kvcache/chunked-empty", timeout=30).status_code == 404
 
 
 def test_empty_objects_in_a_bucket_that_allows_them(s3: Any, s3_server: ServerProcess) -> None:

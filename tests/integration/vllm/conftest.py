@@ -1,7 +1,12 @@
-"""vLLM's object-store tier (NIXL 1.5.1's OBJ backend, on CPU) against a real ``kvgw serve``: fixtures.
+"""vLLM 0.33's KV offloading tiers against a real ``kvgw serve``: fixtures.
 
-The test modules import NIXL only through ``gateway.bench.vllm_obj.ObjTier``; without NIXL they are not
-collected and ``test_install.py`` reports why (a skip locally, a failure under ``KVGW_REQUIRE_SERVICES=1``).
+Two kinds of modules. The kvgw tier's (``test_kvgw_tier.py``, ``test_scheduler.py``, ``test_events.py``)
+and vLLM's own ``obj`` tier's (``test_vllm_obj.py``) run vLLM's classes on CPU
+(``gateway.bench.vllm_engine``): they need vLLM, which lives in a venv of its own
+(``.ci/install-vllm.sh``); without it they are not collected and ``test_install.py`` says why (a skip,
+a failure only under ``KVGW_REQUIRE_SERVICES=1`` with ``KVGW_TEST_VLLM=1``: the CI run in that venv).
+``test_obj_tier.py`` drives NIXL's OBJ backend directly, for what vLLM 0.33 cannot configure
+(multipart uploads, required checksums, a frozen gateway's retries); it needs NIXL only.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from gateway.bench.vllm_obj import ObjTier
 from tests.conftest import REPO, ROOT_AK, ROOT_SK, ServerProcess
 
 NIXL_INSTALLED = importlib.util.find_spec("nixl") is not None and importlib.util.find_spec("nixl_cu12") is not None
-collect_ignore = [] if NIXL_INSTALLED else ["test_obj_tier.py"]
+VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
+VLLM_MODULES = ["test_kvgw_tier.py", "test_scheduler.py", "test_events.py", "test_vllm_obj.py", "test_bench_vllm.py"]
+collect_ignore = ([] if NIXL_INSTALLED else ["test_obj_tier.py", "test_vllm_obj.py"]) + (
+    [] if VLLM_INSTALLED else VLLM_MODULES)
 
 _seeds = itertools.count(random.randrange(1 << 20) << 8, 16)  # a test may use seed .. seed + 15
 
@@ -74,3 +82,31 @@ def store_config(server: ServerProcess, bucket: str = "kvcache", host: str = "12
                            "region": "us-east-1", "access_key": ROOT_AK, "secret_key": ROOT_SK}
     doc.update(extra)
     return doc
+
+
+def kvgw_tier(server: ServerProcess, bucket: str = "kvcache", **options: Any) -> dict[str, Any]:
+    """A ``secondary_tiers`` entry for kvgw's tier on ``server`` (root credentials, short deadlines)."""
+    doc: dict[str, Any] = {"type": "KvgwTier", "module_path": "kvgw_client.vllm", "url": server.url,
+                           "bucket": bucket, "access_key": ROOT_AK, "secret_key": ROOT_SK,
+                           "lookup_timeout_s": 5, "io_timeout_s": 20}
+    doc.update(options)
+    return doc
+
+
+@pytest.fixture
+def engines() -> Iterator[Callable[..., Any]]:
+    """``engines(secondary_tiers, block_bytes=, cpu_blocks=, events=)``: a vLLM tiering manager on CPU
+    (``gateway.bench.vllm_engine.Engine``), shut down after the test."""
+    from gateway.bench import vllm_engine
+
+    vllm_engine.load()
+    made: list[Any] = []
+
+    def make(tiers: list[dict[str, Any]], *, block_bytes: int = 1 << 20, cpu_blocks: int = 32, **kw: Any) -> Any:
+        engine = vllm_engine.Engine(tiers, block_bytes=block_bytes, cpu_blocks=cpu_blocks, **kw)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in reversed(made):
+        engine.close()

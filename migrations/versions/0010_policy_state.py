@@ -5,8 +5,8 @@
   The lifecycle leader saves it every few seconds and when it stops; a gateway that becomes the leader
   loads it first, so what was learnt survives restarts and leader changes.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-11-28
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
