@@ -883,11 +883,6 @@ class ChunkIndex:
                     out.append((bytes(digest), Ghost.unpack(raw)))
         return out
 
-    def remembers(self, digest: bytes) -> bool:
-        """Whether the lifecycle evicted the chunk lately (it is a ghost here)."""
-        with self._remap, self._begin(db=self.ghosts_db) as txn:
-            return txn.get(digest) is not None
-
     def ghost_count(self) -> int:
         with self._remap, self._begin(db=self.ghosts_db) as txn:
             return int(txn.stat(self.ghosts_db)["entries"])

@@ -648,19 +648,15 @@ class ChunkService:
         except backend.BackendError as exc:
             raise translate_backend_error(exc) from exc
 
-    def admit(self, bucket: BucketPolicy, parent: str | None, marks: int) -> None:
+    def admit(self, bucket: BucketPolicy, marks: int) -> None:
         """Admission under pressure (``gateway.lifecycle.admission``), before a new chunk's body is read:
         while the bucket's filesystem tier is at its low watermark or above, a chunk hinted as read by
-        no one again, or whose parent the lifecycle evicted, is declined (``Declined``, with the reason).
-        Outcomes under pressure are counted per bucket (``admission``; ``kvgw_admission_total``). Only
-        the native API asks: S3 clients know no "not stored" answer."""
+        no one again is declined (``Declined``, with the reason). Outcomes under pressure are counted
+        per bucket (``admission``; ``kvgw_admission_total``). Only the native API asks: S3 clients know
+        no "not stored" answer."""
         if self._pressed is None or not self._pressed(bucket):
             return
-        evicted = False
-        if parent is not None:
-            digest = chunk_digest(bucket.name, parent)
-            evicted = self._index.get(digest) is None and self._index.remembers(digest)
-        reason = decide(marks=marks, parent_evicted=evicted)
+        reason = decide(marks=marks)
         counts = self.admission.setdefault(bucket.name, {})
         outcome = reason or "admitted"
         counts[outcome] = counts.get(outcome, 0) + 1

@@ -303,7 +303,7 @@ class NativeAPI:
             await self._send_existed(req, send, existing, drain_limit=bucket.max_chunk_bytes)
             return
         try:
-            self.service.admit(bucket, parent, marks)
+            self.service.admit(bucket, marks)
         except Declined:
             await req.drain(bucket.max_chunk_bytes)  # read it all: a client still sending sees the answer
             raise

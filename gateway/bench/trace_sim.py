@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from backends.index import MARK_ENDED, MARK_SESSION_ENDED
+from backends.index import MARK_ENDED, MARK_ONE_OFF, MARK_SESSION_ENDED
 from gateway.bench.plots import plot_hitrate, progress
 from gateway.bench.qa_workload import QAParams, describe, generate
 from gateway.lifecycle.admission import decide
@@ -67,10 +67,11 @@ class TraceRequest:
     hash_ids: tuple[int, ...]
     session: int = -1  # the user whose request it is, when the trace says (the QA workload; Mooncake: -1)
     last: bool = False  # the session's last request: an engine hint says so after it (``--hints``)
+    block_tokens: int = BLOCK_TOKENS  # tokens per block (the traces': 512)
 
     @property
     def last_block_tokens(self) -> int:
-        return self.input_length - BLOCK_TOKENS * (len(self.hash_ids) - 1)
+        return self.input_length - self.block_tokens * (len(self.hash_ids) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ def _prefix_hits(req: TraceRequest, cached: Callable[[int], bool]) -> tuple[int,
         hits += 1
     if hits == len(ids):
         return hits, req.input_length
-    return hits, hits * BLOCK_TOKENS
+    return hits, hits * req.block_tokens
 
 
 def simulate(requests: Sequence[TraceRequest], policy: EvictionPolicy[int] | SampledPolicy[int],
@@ -203,11 +204,11 @@ def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[in
             if contains(block):
                 touch(block, now)
             else:
-                size = req.last_block_tokens if pos == last else BLOCK_TOKENS
-                # at the watermark, admission first (the traces carry no retention class and never write
-                # under an evicted parent, so it declines nothing here: kept, as it is the engine's path)
-                if len(source) >= capacity_blocks and decide(
-                        marks=0, parent_evicted=prev is not None and prev not in source) is not None:
+                size = req.last_block_tokens if pos == last else req.block_tokens
+                # at the watermark, admission first: with hints a session's last request writes one-off
+                # chunks (as LMCache's connector does), which a full tier declines
+                marks = MARK_ONE_OFF if hints and req.last else 0
+                if len(source) >= capacity_blocks and decide(marks=marks) is not None:
                     tally.declined += 1
                     break  # the rest of the request's blocks would have no parent
                 while len(source) >= capacity_blocks:
@@ -219,7 +220,7 @@ def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[in
                         raise RuntimeError(f"{policy.name}: no victim with {len(source)} blocks held")
                     parent = parent_of(out.key)
                     evicted(out, parent, source, now, remembered=evict(out.key, now))
-                insert(block, size, now)
+                insert(block, size, now, marks)
             if prev is not None:
                 link(block, prev)
             prev = block
@@ -254,7 +255,7 @@ def _simulate_exact(requests: Sequence[TraceRequest], policy: EvictionPolicy[int
                         raise RuntimeError(f"{policy.name}: no victim with {size} blocks held")
                     remove(out)
                     size -= 1
-                insert(block, req.last_block_tokens if pos == last else BLOCK_TOKENS, now)
+                insert(block, req.last_block_tokens if pos == last else req.block_tokens, now)
                 size += 1
             if prev is not None:
                 link(block, prev)
@@ -380,7 +381,7 @@ def capacity_at_lru_fraction(requests: Sequence[TraceRequest], fraction: float) 
             high = mid
         else:
             low = mid + 1
-    return low * BLOCK_TOKENS
+    return low * (requests[0].block_tokens if requests else BLOCK_TOKENS)
 
 
 BASELINES = ("exact-default", "exact-lru", BELADY)
@@ -436,13 +437,14 @@ def qa_params(pairs: Sequence[str]) -> QAParams:
     return replace(defaults, **values)
 
 
-def qa_requests(params: QAParams) -> list[TraceRequest]:
-    """The QA workload as trace requests (512-token blocks)."""
+def qa_requests(params: QAParams, block_tokens: int = BLOCK_TOKENS) -> list[TraceRequest]:
+    """The QA workload as trace requests (``block_tokens`` per block; the simulator's hit rates count
+    tokens, so other block sizes than 512 replay the same tokens in other blocks)."""
     ids: dict[tuple[int, ...], int] = {}
     out = []
     for req in generate(params):
-        hash_ids = tuple(ids.setdefault(name, len(ids)) for name in req.block_names(BLOCK_TOKENS))
-        out.append(TraceRequest(req.timestamp, req.input_length, hash_ids, req.user, req.last))
+        hash_ids = tuple(ids.setdefault(name, len(ids)) for name in req.block_names(block_tokens))
+        out.append(TraceRequest(req.timestamp, req.input_length, hash_ids, req.user, req.last, block_tokens))
     return out
 
 
