@@ -43,6 +43,8 @@ from typing import Any
 from backends.index import MARK_ENDED, MARK_ONE_OFF, MARK_SESSION_ENDED
 from gateway.bench.plots import plot_hitrate, progress
 from gateway.bench.qa_workload import QAParams, describe, generate
+from gateway.bench.trace_oracle import NAME as ORACLE_CLASSES
+from gateway.bench.trace_oracle import OracleClasses
 from gateway.lifecycle.admission import decide
 from gateway.lifecycle.exact import EXACT_POLICIES, EvictionPolicy, make_exact_policy
 from gateway.lifecycle.memory_source import MemorySource
@@ -52,7 +54,7 @@ from gateway.lifecycle.policy import SampledPolicy
 BLOCK_TOKENS = 512
 BELADY = "belady"
 EXACT = "exact-"
-SIM_POLICIES = (*POLICIES, *(EXACT + name for name in EXACT_POLICIES), BELADY)
+SIM_POLICIES = (*POLICIES, *(EXACT + name for name in EXACT_POLICIES), BELADY, ORACLE_CLASSES)
 _POSITION_TICK = 1e-7  # seconds between the blocks of one request
 
 _NEVER = 1 << 62  # next use of a block that is never used again
@@ -334,6 +336,8 @@ def simulate_named(
 ) -> SimResult:
     if policy_name == BELADY:
         return simulate_belady(requests, capacity_blocks, uses)
+    if policy_name == ORACLE_CLASSES:  # a baseline: statistics measured over the whole trace in advance
+        return simulate(requests, OracleClasses(requests), capacity_blocks, seed=seed)
     return simulate(requests, make_sim_policy(policy_name), capacity_blocks, seed=seed, hints=hints,
                     leader_changes=leader_changes)
 
