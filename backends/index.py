@@ -70,6 +70,7 @@ from backends.tiers import TierId
 RECORD = struct.Struct("<QQdddIBBHH")
 _EXPIRES = struct.Struct("<d")
 _SIZE = struct.Struct("<Q")  # RECORD's first field
+_SIZE_EXPIRES = struct.Struct("<Q16xd")  # RECORD's size and expires (at _EXPIRES_AT)
 _PENDING = struct.Struct("<dI")  # queued at, attempts
 _EXPIRES_AT = 24
 _FEED_POSITION = struct.Struct("<Q")
@@ -444,6 +445,20 @@ class ChunkIndex:
         unpack = _SIZE.unpack_from
         with self._remap, self._begin(db=self.chunks_db) as txn:
             return [0 if raw is None else unpack(raw)[0] for raw in map(txn.get, digests)]
+
+    def live_sizes(self, digests: Sequence[bytes], now: float) -> list[int]:
+        """Each chunk's size if indexed and not expired, else -1: a leased lookup's one pass (what
+        ``alive_many`` answers, and the bytes its lease records), in one read transaction."""
+        unpack = _SIZE_EXPIRES.unpack_from
+        with self._remap, self._begin(db=self.chunks_db) as txn:
+            out = []
+            for raw in map(txn.get, digests):
+                if raw is None:
+                    out.append(-1)
+                    continue
+                size, expires = unpack(raw)
+                out.append(size if expires == 0.0 or expires > now else -1)
+            return out
 
     def alive_prefix(self, digests: Sequence[bytes], now: float) -> int:
         """How many leading digests are indexed and not expired (the prefix path): stops at the

@@ -11,6 +11,7 @@ the process then exits 0.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import resource
@@ -182,6 +183,23 @@ def run_worker(settings: Settings, app: Any, sock: socket.socket) -> int:
     return run(server, sock)
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process if its parent (the supervisor) dies first: a worker must
+    never outlive its gateway (it holds the data directory's lock and serves the shared socket), also
+    when the supervisor itself is killed. Linux only; elsewhere workers are stopped by the supervisor
+    alone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 class Supervisor:
     """The parent of ``--workers`` processes: forks them, restarts one that dies, and on SIGTERM or
     SIGINT passes SIGTERM on and waits for every worker to drain and exit.
@@ -231,10 +249,12 @@ class Supervisor:
         return status
 
     def _spawn(self, slot: int) -> None:
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            die_with_parent(parent)
             code = 0
             try:
                 from gateway.app import create_app

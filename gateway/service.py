@@ -359,6 +359,47 @@ class ChunkService:
             start += 1
         return start
 
+    def exists_leased_now(self, bucket: BucketPolicy, keys: Sequence[str],
+                          lease_ms: int) -> tuple[list[bool], tuple[LeaseGrant, set[str]]] | None:
+        """``exists_now`` and ``lease_now`` of its hits in one index pass (the lease's bytes read with the
+        hits): what ``exists_now`` answers, and what ``lease_now`` answers; None when only the async calls
+        can tell. Event loop; never blocks."""
+        if self._leases is None:
+            return None
+        digests = self._digests(bucket, keys)
+        sizes = self._index.live_sizes(digests, self._clock())
+        found = [size >= 0 for size in sizes]
+        if all(found):
+            hits, held = digests, sizes
+        else:
+            if not self._absent_now([digest for digest, hit in zip(digests, found, strict=True) if not hit]):
+                return None
+            hits = [digest for digest, hit in zip(digests, found, strict=True) if hit]
+            held = [size for size in sizes if size >= 0]
+        grant = self._leases.grant_now(bucket.name, hits, held, lease_ms, max_lease_ms=bucket.max_lease_ms,
+                                       cap_bytes=bucket.leased_bytes_cap())
+        if grant is None:
+            return None
+        return found, (grant, _keys_of(grant.gone, keys, digests))
+
+    def prefix_leased_now(self, bucket: BucketPolicy, keys: Sequence[str],
+                          lease_ms: int) -> tuple[int, tuple[LeaseGrant, set[str]]] | None:
+        """``prefix_now`` and ``lease_now`` of the run it found in one index pass: what each answers;
+        None when only the async calls can tell. Event loop; never blocks."""
+        if self._leases is None:
+            return None
+        digests = self._digests(bucket, keys)
+        sizes = self._index.live_sizes(digests, self._clock())
+        length = next((i for i, size in enumerate(sizes) if size < 0), len(sizes))
+        if length < len(keys) and not self._absent_now(digests[length : length + 1]):
+            return None
+        grant = self._leases.grant_now(bucket.name, digests[:length], sizes[:length], lease_ms,
+                                       max_lease_ms=bucket.max_lease_ms, cap_bytes=bucket.leased_bytes_cap())
+        if grant is None:
+            return None
+        asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
+        return length, (grant, _keys_of(grant.gone, keys, digests))
+
     def lease_now(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]] | None:
         """``lease`` without waiting (a plain call the lookup path makes inline): None when only
         ``lease`` can answer (``LeaseBook.grant_now``: the process's first lease, one longer than it
@@ -370,8 +411,7 @@ class ChunkService:
                                        max_lease_ms=bucket.max_lease_ms, cap_bytes=bucket.leased_bytes_cap())
         if grant is None:
             return None
-        return grant, ({key for key, digest in zip(keys, digests, strict=True) if digest in grant.gone}
-                       if grant.gone else set())
+        return grant, _keys_of(grant.gone, keys, digests)
 
     async def lease(self, bucket: BucketPolicy, keys: Sequence[str], lease_ms: int) -> tuple[LeaseGrant, set[str]]:
         """Read-lease the chunks of ``keys``, which a lookup found just now (``gateway.leases``).
@@ -783,7 +823,7 @@ class ChunkService:
                     if body is not None:
                         self._events.read(info.bucket, digest, source, now)
                         if self._leases is not None:
-                            self._leases.loaded(info.bucket, (digest,))
+                            self._leases.loaded(info.bucket, ((digest, info.size),))
                         return body
                     info = replace(info, tiers=info.tiers & ~bit)
                 if attempt == 0 and (fresh := await self._moved_elsewhere(digest, info, indexed_tiers)):
@@ -1041,3 +1081,7 @@ def _scan_listing(index: ChunkIndex, bucket: str, *, prefix: str, delimiter: str
             return page
         cursor = entries[-1].key + "\x00"
 
+
+def _keys_of(gone: frozenset[bytes], keys: Sequence[str], digests: Sequence[bytes]) -> set[str]:
+    """The keys of the ``gone`` digests (a lease found them being removed: answered absent)."""
+    return {key for key, digest in zip(keys, digests, strict=True) if digest in gone} if gone else set()

@@ -26,7 +26,7 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         "write_through_pending": gateway.index.pending_count(),
         "usage": gateway.ledgers.usage_report(),
         "capacity": capacity,
-        "lifecycle": {k: v for k, v in vars(lifecycle.totals).items() if isinstance(v, int)},
+        "lifecycle": {k: v for k, v in vars(lifecycle.counted()).items() if isinstance(v, int)},
         "lifecycle_waiting": lifecycle.waiting,  # bucket -> why its usage stays over the watermark
         "lifecycle_leader": gateway.leadership.status(),  # whether this process runs eviction and TTL
         "lifecycle_policies": gateway.ledgers.status(),  # the eviction policies this process runs, what they learnt

@@ -379,15 +379,25 @@ class NativeAPI:
     async def _exists(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
-        found = await self.service.exists(bucket, keys)
-        leased = await self.service.lease(bucket, _hits(keys, found), lease_ms) if lease_ms else None
+        both = self.service.exists_leased_now(bucket, keys, lease_ms) if lease_ms else None
+        leased: Leased | None
+        if both is not None:  # one index pass, the lease granted in memory
+            found, leased = both
+        else:
+            found = await self.service.exists(bucket, keys)
+            leased = await self.service.lease(bucket, _hits(keys, found), lease_ms) if lease_ms else None
         await self._send_json(req, send, self._exists_answer(keys, found, leased))
 
     async def _prefix(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         bucket = await self._authorized_bucket(req, bucket_name, Action.READ)
         keys, lease_ms = await self._lookup_body(req)
-        length = await self.service.prefix(bucket, keys)
-        leased = await self.service.lease(bucket, keys[:length], lease_ms) if lease_ms else None
+        both = self.service.prefix_leased_now(bucket, keys, lease_ms) if lease_ms else None
+        leased: Leased | None
+        if both is not None:  # one index pass, the lease granted in memory
+            length, leased = both
+        else:
+            length = await self.service.prefix(bucket, keys)
+            leased = await self.service.lease(bucket, keys[:length], lease_ms) if lease_ms else None
         await self._send_json(req, send, self._prefix_answer(keys, length, leased))
 
     def _exists_answer(self, keys: list[str], found: list[bool], leased: Leased | None) -> dict[str, Any]:
@@ -414,24 +424,33 @@ class NativeAPI:
     def _lookup_indexed(self, op: str, request_id: str, authorization: str | None, bucket_name: str, _: str,
                         body: bytes) -> IndexedAnswer | None:
         """``exists`` or ``prefix`` (``op``) without waiting: what ``_exists`` / ``_prefix`` answer, read
-        leases included (granted in memory, ``ChunkService.lease_now``; None when only the awaited
-        grant can answer: the request then takes the ASGI path)."""
+        leases included (granted in memory with the lookup's one index pass,
+        ``ChunkService.exists_leased_now`` / ``prefix_leased_now``; None when only the awaited grant can
+        answer: the request then takes the ASGI path)."""
         bucket = self._authorized_bucket_in_view(authorization, bucket_name, Action.READ)
         if bucket is None:
             return None
         keys, lease_ms = _lookup_doc(body)
         leased: Leased | None = None
         if op == "exists":
-            found = self.service.exists_now(bucket, keys)
-            if found is None:
-                return None
-            if lease_ms and (leased := self.service.lease_now(bucket, _hits(keys, found), lease_ms)) is None:
+            if lease_ms:  # the lookup and its lease in one index pass
+                both = self.service.exists_leased_now(bucket, keys, lease_ms)
+                if both is None:
+                    return None
+                found, leased = both
+            elif (plain := self.service.exists_now(bucket, keys)) is not None:
+                found = plain
+            else:
                 return None
             return _json_answer(op, request_id, self._exists_answer(keys, found, leased))
-        length = self.service.prefix_now(bucket, keys)
-        if length is None:
-            return None
-        if lease_ms and (leased := self.service.lease_now(bucket, keys[:length], lease_ms)) is None:
+        if lease_ms:
+            run = self.service.prefix_leased_now(bucket, keys, lease_ms)
+            if run is None:
+                return None
+            length, leased = run
+        elif (plain_length := self.service.prefix_now(bucket, keys)) is not None:
+            length = plain_length
+        else:
             return None
         return _json_answer(op, request_id, self._prefix_answer(keys, length, leased))
 

@@ -13,9 +13,8 @@ Rows, each measured on real ``kvgw serve`` processes:
   is the LMDB map's pages the kernel keeps for it (page cache: shared, evictable, not the process's).
 - **coordination**: 8 MiB PUT latency and 64-key ``prefix`` latency of one gateway with the cluster on
   (change feed, shared usage ledger, membership, lifecycle lease on PostgreSQL) and off
-  (``KVGW_CLUSTER_ENABLED=false``, the same catalog), alternated round by round; and the same prefix
-  calls through the cluster-on gateway asking for a 5 s read lease (``gateway.leases``: one catalog
-  transaction per lookup).
+  (``KVGW_CLUSTER_ENABLED=false``, the same catalog), alternated round by round. What a read lease
+  adds to a lookup is ``kvgw bench leases``.
 - **feed lag**: ``--writers`` clients PUT into gateway A; gateway B's subscriber reports how long each
   event took from A's write to B's index (p50 / p99).
 - **workers**: 8 MiB PUT and GET throughput and the server's CPU seconds per GiB (all its processes)
@@ -51,9 +50,6 @@ BUCKET = "kvcache"
 BUDGET_BYTES_PER_CHUNK = 64
 CHAIN = 64
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-
-LEASE_MS = 5_000  # what the engine integrations ask for by default
 
 
 def _target(key: str) -> str:
@@ -273,9 +269,8 @@ def _put_latency(server: KvgwProcess, prefix: str, count: int, body: bytes) -> l
     return lat
 
 
-def _prefix_latency(server: KvgwProcess, keys: list[str], count: int, lease_ms: int = 0) -> list[float]:
-    doc: dict[str, Any] = {"keys": keys, "lease_ms": lease_ms} if lease_ms else {"keys": keys}
-    req = LoadRequest("POST", f"/v1/buckets/{BUCKET}/prefix", body=json.dumps(doc).encode(),
+def _prefix_latency(server: KvgwProcess, keys: list[str], count: int) -> list[float]:
+    req = LoadRequest("POST", f"/v1/buckets/{BUCKET}/prefix", body=json.dumps({"keys": keys}).encode(),
                       headers=[("Content-Type", "application/json")])
     conn = HttpConnection(server.address)
     lat = []
@@ -305,8 +300,6 @@ def coordination_row(work: Path, pg: str, rounds: int, puts: int, prefixes: int,
     chain = [f"prefix-chain/{i}" for i in range(64)]
     put_lat: dict[str, list[float]] = {"on": [], "off": []}
     prefix_lat: dict[str, list[float]] = {"on": [], "off": []}
-    leased_lat: list[float] = []  # the same prefix calls through the cluster-on gateway, each taking a lease
-    unleased_lat: list[float] = []  # ... and without, alternating with those
     put_cpu: dict[str, float] = {"on": 0.0, "off": 0.0}
     ratios: list[float] = []  # per round: mean PUT latency on / off
     for server in servers.values():
@@ -331,18 +324,12 @@ def coordination_row(work: Path, pg: str, rounds: int, puts: int, prefixes: int,
                 means[name] = statistics.fmean(lat)
                 prefix_lat[name] += _prefix_latency(servers[name], [f"{name}-{k}" for k in chain], prefixes)
             ratios.append(means["on"] / means["off"])
-        # after the PUT rounds, so the lease table's work never lands in them
-        keys = [f"on-{k}" for k in chain]
-        for _ in range(rounds):
-            leased_lat += _prefix_latency(servers["on"], keys, prefixes, lease_ms=LEASE_MS)
-            unleased_lat += _prefix_latency(servers["on"], keys, prefixes)
         on_stats = _stats(servers["on"])
     finally:
         for server in servers.values():
             server.stop()
     return {"put_8mib": {k: _summary(v) for k, v in put_lat.items()},
             "prefix_64": {k: _summary(v) for k, v in prefix_lat.items()},
-            "prefix_64_leased": {"leased": _summary(leased_lat), "plain": _summary(unleased_lat)},
             "put_server_cpu_ms": {k: 1000 * v / max(1, len(put_lat[k])) for k, v in put_cpu.items()},
             "put_round_ratios": ratios, "cluster_on_member": on_stats["cluster"].get("member"), "rounds": rounds,
             "on_env": on_env or {}}
@@ -456,10 +443,6 @@ def report(results: dict[str, Any]) -> str:
             lines.append(f"  {what:<9} cluster on  p50 {on['p50_ms']:8.2f}  p99 {on['p99_ms']:8.2f}  mean "
                          f"{on['mean_ms']:8.2f} ms   off p50 {off['p50_ms']:8.2f}  p99 {off['p99_ms']:8.2f}  mean "
                          f"{off['mean_ms']:8.2f} ms   on vs off {extra:+.1%} (n={on['n']})")
-        leased, plain = coord["prefix_64_leased"]["leased"], coord["prefix_64_leased"]["plain"]
-        lines.append(f"  prefix_64 with a {LEASE_MS} ms read lease (cluster on): p50 {leased['p50_ms']:.2f}  p99 "
-                     f"{leased['p99_ms']:.2f}  mean {leased['mean_ms']:.2f} ms   without: p50 {plain['p50_ms']:.2f}  "
-                     f"p99 {plain['p99_ms']:.2f} ms (n={leased['n']})")
         cpu = coord["put_server_cpu_ms"]
         ratios = sorted(coord["put_round_ratios"])
         lines.append(f"  8 MiB PUT: server CPU {cpu['on']:.2f} ms (on) vs {cpu['off']:.2f} ms (off) per PUT; "

@@ -163,7 +163,7 @@ def report(results: list[Result], args: argparse.Namespace, exists_ms: float | N
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="kvgw bench vllm", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="kvgw bench vllm", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--blocks", type=int, default=64, help="blocks stored and loaded per round (default 64)")
     p.add_argument("--block-mib", type=int, default=2, help="MiB per block (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="store + load rounds per target (default 3)")

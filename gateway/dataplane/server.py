@@ -6,7 +6,8 @@ then it stops accepting, closes idle keep-alive connections, lets every request 
 to ``shutdown_grace`` seconds (a connection closes after its current answer), aborts what is left, and
 runs the app's lifespan shutdown. A start-up that fails (the lifespan's ``startup.failed``) ends
 ``serve`` with status 1 before the socket accepts anything; an app that ignores the lifespan protocol
-is served as it is.
+is served as it is. A shutdown that does not finish within ``shutdown_grace`` either ends ``serve``
+with status 1 (the process must not linger: its workers' data-directory lock, the socket).
 
 One server per process: ``kvgw serve --workers N`` forks N processes that each run one on the same
 listening socket (``gateway.serve``).
@@ -97,7 +98,11 @@ class HttpServer:
             await self._stop.wait()
         finally:
             await self._drain(server)
-            await lifespan.shutdown()
+            try:
+                await asyncio.wait_for(lifespan.shutdown(), self._grace)
+            except TimeoutError:
+                log.error("the app's shutdown did not finish within %g s: stopping without it", self._grace)
+                return 1
         return 0
 
     async def _drain(self, server: asyncio.Server) -> None:

@@ -6,12 +6,12 @@ leased, and the lifecycle (capacity eviction, demotion, TTL reclaim) leaves leas
 the lease ends or the chunk is loaded through the gateway process that leased it.
 
 **Granting** costs no database round trip: ``LeaseBook.grant_now`` is a plain function the lookup path
-calls inline (``gateway.leases.local``: a few dict operations per chunk). Each process's syncer writes
-its grants to the catalog (``chunk_leases``, through ``gateway.leases.table``) every
-``SYNC_SECONDS``, at once when the lifecycle leader claims chunks (``NOTIFY`` on PostgreSQL, a poll of
-``lease_head`` on SQLite), and when a lookup must wait (below). A lookup the memory cannot settle —
-the process's first, one longer than its announced horizon, one past its share of a capped bucket, a
-chunk removed a moment ago — takes ``grant`` (async): one sync, then the same grant.
+calls inline (``gateway.leases.local``: dict updates from C). Each process's syncer writes its grants
+to the catalog (``chunk_leases``, through ``gateway.leases.table``) every ``sync_seconds``
+(``KVGW_LEASE_SYNC_SECONDS``, 0.5 s), at once when the lifecycle leader claims chunks (``NOTIFY`` on
+PostgreSQL, a poll of ``lease_head`` on SQLite), and when a lookup must wait (below). A lookup the
+memory cannot settle — the process's first, one longer than its announced horizon, one past its share
+of a capped bucket, a chunk removed a moment ago — takes ``grant`` (async): one sync, then the same grant.
 
 **The leader never removes a leased chunk.** ``claim`` (the lifecycle's, before each removal batch):
 
@@ -28,9 +28,9 @@ So between a grant and the leader learning of it there is a window (the time to 
 next sync), but the leader never acts inside it: it removes a chunk only after every process that could
 have granted on it unseen has written its grants. Processes that cannot acknowledge (killed, paused, cut
 off from the catalog) are waited for until their ``quiet_at``: a process grants only while its last
-successful sync was sent less than ``FRESH_SECONDS`` ago, and only leases up to the horizon that sync
-announced, so past ``synced_at + FRESH_SECONDS + horizon`` (the database's clock) none of its unwritten
-leases is in force. Until then the leader removes nothing: a gateway SIGKILLed right after granting
+successful sync was sent less than ``FRESHNESS`` sync intervals ago (2 s), and only leases up to the
+horizon that sync announced, so past ``synced_at + 2 s + horizon`` (the database's clock) none of its
+unwritten leases is in force. Until then the leader removes nothing: a gateway SIGKILLed right after granting
 stops eviction for at most that long (2 s + the longest lease it granted, 10 s by default; the claims
 are retried every pass and ``lifecycle_waiting`` says why), and then its leases have run out.
 ``claim`` gives up after ``ACK_SECONDS`` (the pass retries). The same code runs a lone gateway on
@@ -48,8 +48,13 @@ written by its next sync), so ``--workers N`` workers each grant and end their o
 member of ``lease_members``, holds its own shares and acknowledges claims on its own.
 
 Calls run in the leases' own two threads (a slow feed never delays a sync); an unreachable database
-refuses leases once the last sync is ``FRESH_SECONDS`` old (the lookup still answers, and says so) and
-makes the lifecycle skip its removals (``LeaseUnavailable``), never the reverse.
+refuses leases once the last sync is ``FRESHNESS`` intervals old (the lookup still answers, and says so)
+and makes the lifecycle skip its removals (``LeaseUnavailable``), never the reverse.
+
+What the lookup lane calls (plain functions, event loop, never blocking): ``ChunkService.exists_leased_now``
+and ``prefix_leased_now`` (the lookup and its lease in one index pass), ``ChunkService.lease_now`` (a
+lease for keys another lookup found), or ``LeaseBook.grant_now`` (digests and sizes a lookup has read
+already). Each answers None when only the async path can (hand the request over then).
 """
 
 from __future__ import annotations
@@ -217,10 +222,10 @@ class LeaseBook:
         see the lifecycle). Loads through another gateway see the TTL only."""
         return self.local.leased_here(digest, now)
 
-    def loaded(self, bucket: str, digests: Sequence[bytes]) -> None:
-        """Chunks of ``bucket`` were read through this process: a lease it granted on them ends (written
-        by the next sync). Event loop; a dict lookup per digest while leases are held."""
-        self.local.loaded(bucket, digests)
+    def loaded(self, bucket: str, chunks: Sequence[tuple[bytes, int]]) -> None:
+        """Chunks (digest, size) of ``bucket`` were read through this process: a lease it granted on them
+        ends (written by the next sync). Event loop; a dict lookup per digest while leases are held."""
+        self.local.loaded(bucket, chunks)
 
     async def leased_bytes(self, bucket: str) -> int:
         """Bytes under unexpired read leases in ``bucket``, after a sync (admin stats, tests)."""

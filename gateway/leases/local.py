@@ -1,11 +1,11 @@
 """The read leases one gateway process grants, held in its memory: granted at once, written later.
 
-A lookup's lease is granted here, inline, without waiting for anything (``LocalLeases.grant``: dict
-updates done from C in the common case, 3-16 µs for 64 chunks), and recorded three ways: in ``_leased``
-(what this process holds: a load through it ends the lease, TTL reclaim serves it), in a capped
-bucket's ``_held`` and ``_used`` bytes (its share of the leased-bytes cap), and in ``_pending``, which the
-lease syncer (``gateway.leases.book``) takes and writes to the catalog's ``chunk_leases`` table in the
-background (``gateway.leases.table``).
+A lookup's lease is granted here, inline, without waiting for anything (``LocalLeases.grant``: one dict
+update from C in the common case), and recorded three ways: in ``_leased`` (what this process holds: a
+load through it ends the lease, TTL reclaim serves it), in a capped bucket's ``_used`` bytes (its share
+of the leased-bytes cap), and in ``_pending`` (one entry per grant call), which the lease syncer
+(``gateway.leases.book``) takes, merges in its own thread and writes to the catalog's ``chunk_leases``
+table in the background (``gateway.leases.table``). The heap ``_expiry`` forgets leases as they end.
 
 What may be granted depends on what this process learnt at its last sync, which this module keeps:
 
@@ -19,10 +19,12 @@ What may be granted depends on what this process learnt at its last sync, which 
 - **freshness**: no grant unless the last successful sync was *sent* less than ``fresh_seconds`` ago
   (the catalog then dates it ``synced_at`` no earlier); every grant this process has not yet written
   therefore began before ``synced_at + fresh_seconds`` and lasts at most ``horizon_ms``, the horizon that
-  sync announced. The catalog records the sum as ``quiet_at``, after which the leader may ignore this
-  process if it falls silent (killed, cut off): all its unwritten leases have ended by then.
+  sync announced (10 s, a bucket's default ``max_lease_ms``; a longer lease waits for a sync announcing
+  it, and the horizon comes back down ``HORIZON_KEEP_SECONDS`` after the last such request). The
+  catalog records the sum as ``quiet_at``, after which the leader may ignore this process if it falls
+  silent (killed, cut off): all its unwritten leases have ended by then.
 - **quotas** (``_quotas``): in a bucket with a leased-bytes cap, the bytes this process may hold leased,
-  its share of the cap granted by a sync (``LeaseTable.rebalance``; the shares of live processes never
+  its share of the cap granted by a sync (``LeaseTable._rebalance_in``; the shares of live processes never
   add up past the cap).
 
 ``grant`` answers a ``LeaseGrant``, or a ``Wait`` when it can only answer after a sync (none yet, a
@@ -49,12 +51,14 @@ from typing import Any
 READ, REMOVING, REMOVED, RELEASED = 0, 1, 2, 3  # chunk_leases.kind / lease_log.state
 FRESH_SECONDS = 2.0  # no grant unless the last successful sync was sent less than this long ago
 DEFAULT_HORIZON_MS = 10_000  # the longest lease granted without a sync first (a bucket's default max)
+HORIZON_KEEP_SECONDS = 60.0  # a horizon raised for a long lease is announced this long after the last one
 QUOTA_SECONDS = 1.0  # how often a process's shares of the caps are rebalanced while it holds any
 QUOTA_RETRY_SECONDS = 0.1  # a lookup past a share the last rebalance could not grow is refused at once
 
 REFUSED_UNREACHABLE = "the lease table is unreachable; answered without a lease"
 REFUSED_OFF = "leases are off for this bucket (max_lease_ms = 0)"
 _EMPTY: frozenset[bytes] = frozenset()
+_NEVER = (0.0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,23 +113,48 @@ class QuotaAsk:
     demand: int
 
 
-_Pending = tuple[str, tuple[bytes, ...], Sequence[int], float, frozenset[bytes]]  # bucket, digests, sizes, until, gone
+# one entry per grant call: bucket, digests, sizes, until, the digests left out (being removed)
+_Pending = list[tuple[str, tuple[bytes, ...], Sequence[int], float, frozenset[bytes]]]
 
 
 @dataclass(slots=True)
 class Batch:
-    """What one sync writes and reports (``LocalLeases.take``)."""
+    """What one sync writes and reports (``LocalLeases.take``).
+
+    The grants are columns, one row per digest with its latest end: ``digests`` (16 bytes each,
+    concatenated), ``sizes``, ``untils`` and ``bucket_of`` (1-based into ``buckets``), taken from the
+    pending dicts from C (a lease extended a thousand times between syncs is one row), so neither taking
+    nor writing a batch runs Python per digest (``gateway.leases.table``). Grants of digests in
+    ``releases`` or that ended by ``now`` are not written."""
 
     seen: int  # lease_log position known when taken (-1: none yet: the sync reads the whole view)
-    grants: dict[bytes, tuple[str, int, float]]  # digest -> (bucket, bytes, until), merged
-    releases: list[bytes]  # leases ended by a load through this process
-    cancelled: set[bytes]  # of those, leases that ended before they were written (counted as released)
+    digests: bytes
+    sizes: list[int]
+    untils: list[float]
+    bucket_of: list[int]
+    buckets: list[str]
+    releases: list[bytes]  # leases ended by a load through this process (and not granted again since)
+    cancelled: set[bytes]  # of those, leases granted in this batch: they end before they are written
     horizon_ms: int  # announced: quiet_at = synced_at + fresh_seconds + horizon
     quotas: dict[str, QuotaAsk]  # shares to rebalance
     sent: float  # monotonic time taken, before it is sent
-    raw_pending: list[_Pending] = field(default_factory=list)
+    now: float  # the clock when taken: grants that ended by then are not written
+    raw_pending: _Pending = field(default_factory=list)
     raw_releases: list[bytes] = field(default_factory=list)
     raw_demand: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def grants(self) -> dict[bytes, tuple[str, int, float]]:
+        """The grants merged: digest -> (bucket, bytes, until), the latest end winning, releases left out."""
+        merged: dict[bytes, tuple[str, int, float]] = {}
+        for i, size in enumerate(self.sizes):
+            digest = self.digests[16 * i : 16 * i + 16]
+            old = merged.get(digest)
+            if self.untils[i] > self.now and (old is None or old[2] < self.untils[i]):
+                merged[digest] = (self.buckets[self.bucket_of[i] - 1], size, self.untils[i])
+        for digest in self.releases:
+            merged.pop(digest, None)
+        return merged
 
 
 @dataclass(slots=True)
@@ -150,18 +179,20 @@ class LocalLeases:
         self._lock = threading.Lock()
         self._leased: dict[bytes, float] = {}  # digest -> until
         self._latest = 0.0  # the latest end of a lease granted here
-        self._expiry: list[tuple[float, int, str, tuple[bytes, ...]]] = []  # heap: (until, ticket, bucket, digests)
+        # heap: (until, ticket, bucket, digests, sizes, counted in the bucket's share)
+        self._expiry: list[tuple[float, int, str, tuple[bytes, ...], Sequence[int], bool]] = []
         self._ticket = itertools.count()
-        self._held: dict[str, dict[bytes, int]] = {}  # capped bucket -> its digests in _leased -> bytes
-        self._used: dict[str, int] = {}  # capped bucket -> the bytes of _held[bucket]
-        self._pending: list[_Pending] = []
+        self._used: dict[str, int] = {}  # capped bucket -> bytes of the chunks leased here (its share's use)
+        self._pending: _Pending = []  # grants not written yet, one entry per grant call
         self._releases: list[bytes] = []
         self._claimed: dict[bytes, tuple[int, float]] = {}  # digest -> (REMOVING | REMOVED, expires_at)
         self._claim_order: deque[tuple[float, bytes]] = deque()  # (expires_at, digest) as learnt
         self._known = -1  # the lease_log position applied; -1: never synced
         self._synced: float | None = None  # monotonic time the last successful sync was taken
         self.horizon_ms = horizon_ms  # announced by the last successful sync
+        self._default_horizon_ms = horizon_ms
         self._horizon_wanted = horizon_ms
+        self._long_at = 0.0  # monotonic time a lease longer than the default horizon was last asked for
         self._quotas: dict[str, Quota] = {}
         self._demand: dict[str, tuple[int, int]] = {}  # bucket -> (bytes wanted beyond the share, cap)
         self._caps: dict[str, int] = {}  # bucket -> its cap as the last grant saw it
@@ -180,8 +211,10 @@ class LocalLeases:
             return Wait("no sync yet")
         if self.monotonic() - synced > self.fresh_seconds:
             return LeaseGrant(refused=REFUSED_UNREACHABLE)
-        if granted_ms > self.horizon_ms:
-            return Wait("a lease past the announced horizon", horizon_ms=granted_ms)
+        if granted_ms > self._default_horizon_ms:
+            self._long_at = self.monotonic()
+            if granted_ms > self.horizon_ms:
+                return Wait("a lease past the announced horizon", horizon_ms=granted_ms)
         now = self.clock()
         until = now + granted_ms / 1000
         keys = tuple(digests)
@@ -202,19 +235,17 @@ class LocalLeases:
                 gone, rechecked = frozenset(removing), frozenset(removed)
             leased = self._leased
             fast = not gone and until >= self._latest  # no lease held here ends later: overwrite from C
-            held: dict[bytes, int] | None = None
-            by_digest: dict[bytes, int] | None = None
             new = 0
-            if cap is not None:
-                held = self._held.setdefault(bucket, {})
+            if cap is not None:  # the bytes of chunks not leased here yet count against this process's share
                 if fast:
-                    missing = set(filterfalse(held.__contains__, keys))
-                    if missing:
-                        by_digest = dict(zip(keys, sizes, strict=True))
-                        new = sum(map(by_digest.__getitem__, missing))
+                    missing = set(filterfalse(leased.__contains__, keys))
+                    if len(missing) == len(keys):
+                        new = sum(sizes)
+                    elif missing:
+                        new = sum(map(dict(zip(keys, sizes, strict=True)).__getitem__, missing))
                 else:
                     new = sum(size for digest, size in zip(keys, sizes, strict=True)
-                              if digest not in held and digest not in gone)
+                              if digest not in leased and digest not in gone)
                 used = self._used.get(bucket, 0)
                 quota = self._quotas.get(bucket)
                 self._caps[bucket] = cap
@@ -222,10 +253,10 @@ class LocalLeases:
                     if quota is not None and quota.full and self.monotonic() - quota.at < QUOTA_RETRY_SECONDS:
                         return LeaseGrant(refused=_over_cap(used, new, quota.bytes, cap))
                     return Wait("past this process's share of the cap", bucket=bucket, demand=new, cap=cap)
+                if new:
+                    self._used[bucket] = used + new
             if fast:
                 leased.update(zip(keys, repeat(until)))
-                if by_digest is not None and held is not None:
-                    held.update(by_digest)
                 count, total = len(keys), sum(sizes)
             else:
                 count = total = 0
@@ -234,16 +265,12 @@ class LocalLeases:
                         continue
                     if leased.get(digest, 0.0) < until:
                         leased[digest] = until
-                    if held is not None and digest not in held:
-                        held[digest] = size
                     count += 1
                     total += size
-            if new:
-                self._used[bucket] = self._used.get(bucket, 0) + new
             if until > self._latest:
                 self._latest = until
             self._pending.append((bucket, keys, sizes, until, gone))
-            heapq.heappush(self._expiry, (until, next(self._ticket), bucket, keys))
+            heapq.heappush(self._expiry, (until, next(self._ticket), bucket, keys, sizes, cap is not None))
         return LeaseGrant(granted_ms=granted_ms, leased=count, leased_bytes=total, gone=gone, recheck=rechecked)
 
     def leased_here(self, digest: bytes, now: float) -> bool:
@@ -251,22 +278,18 @@ class LocalLeases:
         until = self._leased.get(digest)
         return until is not None and until > now
 
-    def loaded(self, bucket: str, digests: Sequence[bytes]) -> None:
-        """Chunks of ``bucket`` were read through this process: the leases it granted on them end
-        (written by the next sync). Costs a dict lookup per digest while leases are held."""
+    def loaded(self, bucket: str, chunks: Sequence[tuple[bytes, int]]) -> None:
+        """Chunks (digest, size) of ``bucket`` were read through this process: the leases it granted on
+        them end (written by the next sync). Costs a dict lookup per digest while leases are held."""
         if not self._leased:
             return
         with self._lock:
-            held = self._held.get(bucket)
-            for digest in digests:
+            capped = bucket in self._caps
+            for digest, size in chunks:
                 if self._leased.pop(digest, None) is not None:
                     self._releases.append(digest)
-                    if held is not None and (size := held.pop(digest, None)) is not None:
-                        self._used[bucket] -= size
-
-    def held(self) -> bool:
-        """Whether there is anything to write."""
-        return bool(self._pending or self._releases or self._demand or self._horizon_wanted != self.horizon_ms)
+                    if capped:
+                        self._used[bucket] = max(0, self._used.get(bucket, 0) - size)
 
     def want(self, wait: Wait) -> None:
         """Ask the next sync for what ``wait`` lacks."""
@@ -286,16 +309,19 @@ class LocalLeases:
         return LeaseGrant(refused=REFUSED_UNREACHABLE)
 
     def _expire(self, now: float) -> None:
+        """Forget the leases that ended by ``now``: each grant's heap entry, when its end comes, drops
+        the digests no later grant extended (and their bytes from the share they were counted in)."""
         heap, leased = self._expiry, self._leased
         while heap and heap[0][0] <= now:
-            _, _, bucket, digests = heapq.heappop(heap)
-            held = self._held.get(bucket)
-            for digest in digests:
+            _, _, bucket, digests, sizes, capped = heapq.heappop(heap)
+            freed = 0
+            for digest, size in zip(digests, sizes, strict=True):
                 until = leased.get(digest)
                 if until is not None and until <= now:
                     del leased[digest]
-                    if held is not None and (size := held.pop(digest, None)) is not None:
-                        self._used[bucket] -= size
+                    freed += size
+            if capped and freed:
+                self._used[bucket] = max(0, self._used.get(bucket, 0) - freed)
 
     # -- the syncer's side (its thread) ----------------------------------------------------------
 
@@ -310,6 +336,8 @@ class LocalLeases:
             releases, self._releases = self._releases, []
             demand, self._demand = self._demand, {}
             seen = self._known
+            if self._horizon_wanted > self._default_horizon_ms and mono - self._long_at > HORIZON_KEEP_SECONDS:
+                self._horizon_wanted = self._default_horizon_ms  # no long lease asked for lately: back down
             horizon = self._horizon_wanted
             live = [digest for digest in releases if digest not in self._leased]  # not leased again since
             asks: dict[str, QuotaAsk] = {}
@@ -319,20 +347,33 @@ class LocalLeases:
                     asks[bucket] = QuotaAsk(cap, self._used.get(bucket, 0), extra)
             for bucket, (extra, cap) in demand.items():
                 asks.setdefault(bucket, QuotaAsk(cap, self._used.get(bucket, 0), extra))
-        grants: dict[bytes, tuple[str, int, float]] = {}
-        for bucket, digests, sizes, until, gone in pending:
+        merged: dict[str, dict[bytes, tuple[float, int]]] = {}  # bucket -> digest -> (latest end, bytes)
+        latest: dict[str, float] = {}
+        for bucket, digests, held, until, gone in pending:
             if until <= now:
                 continue
-            for digest, size in zip(digests, sizes, strict=True):
-                if gone and digest in gone:
-                    continue
-                old = grants.get(digest)
-                if old is None or old[2] < until:
-                    grants[digest] = (bucket, size, until)
-        cancelled = {digest for digest in live if digest in grants}
-        for digest in cancelled:
-            del grants[digest]
-        return Batch(seen, grants, live, cancelled, horizon, asks, mono, pending, releases, demand)
+            grants = merged.setdefault(bucket, {})
+            if not gone and until >= latest.get(bucket, 0.0):  # the common case, from C
+                grants.update(zip(digests, zip(repeat(until), held, strict=False), strict=True))
+                latest[bucket] = until
+                continue
+            for digest, size in zip(digests, held, strict=True):
+                if not (gone and digest in gone) and grants.get(digest, _NEVER)[0] < until:
+                    grants[digest] = (until, size)
+        parts: list[bytes] = []
+        sizes: list[int] = []
+        untils: list[float] = []
+        bucket_of: list[int] = []
+        for number, grants in enumerate(merged.values(), start=1):  # from C
+            parts.append(b"".join(grants))
+            ends, held_bytes = zip(*grants.values(), strict=True) if grants else ((), ())
+            untils.extend(ends)
+            sizes.extend(held_bytes)
+            bucket_of.extend(repeat(number, len(grants)))
+        blob = b"".join(parts)
+        cancelled = {digest for digest in live if any(digest in grants for grants in merged.values())}
+        return Batch(seen, blob, sizes, untils, bucket_of, list(merged), live, cancelled, horizon, asks, mono, now,
+                     pending, releases, demand)
 
     def requeue(self, batch: Batch) -> None:
         """A sync failed: its grants, releases and demands go out with the next one."""
@@ -388,7 +429,7 @@ class LocalLeases:
     def report(self) -> dict[str, Any]:
         """For the admin stats."""
         mono = self.monotonic()
-        return {"leased_here": len(self._leased), "unwritten": sum(len(p[1]) for p in self._pending),
+        return {"leased_here": len(self._leased), "unwritten_grants": len(self._pending),
                 "claims_known": len(self._claimed), "log_position": self._known, "horizon_ms": self.horizon_ms,
                 "synced_s_ago": None if self._synced is None else round(mono - self._synced, 3),
                 "quotas": {bucket: {"bytes": q.bytes, "used": self._used.get(bucket, 0), "full": q.full}

@@ -76,13 +76,11 @@ class LeaseTable:
     def sync(self, batch: Batch, quiet_seconds: float) -> SyncResult:
         """Write ``batch`` and this process's member row (``quiet_at`` = the database's now +
         ``quiet_seconds``); read what the lease_log holds after ``batch.seen``."""
-        grants = batch.grants
         if self.postgres:
             params = {
-                "g_digest": list(grants), "g_bucket": [g[0] for g in grants.values()],
-                "g_bytes": [g[1] for g in grants.values()], "g_until": [g[2] for g in grants.values()],
-                "r_digest": batch.releases, "member": self.member, "seen": batch.seen, "quiet": quiet_seconds,
-                "known": batch.seen if batch.seen >= 0 else 2**62,
+                "digests": batch.digests, "sizes": batch.sizes, "untils": batch.untils, "bucket_of": batch.bucket_of,
+                "buckets": batch.buckets, "r_digest": batch.releases, "member": self.member, "seen": batch.seen,
+                "quiet": quiet_seconds, "known": batch.seen if batch.seen >= 0 else 2**62, "now": batch.now,
             }
             with self._autocommit() as conn:
                 rows = conn.exec_driver_sql(_SYNC_POSTGRES, params).all()
@@ -104,6 +102,7 @@ class LeaseTable:
             quotas = self._rebalance(batch) if batch.quotas else {}
             return SyncResult(head, log, view, released, quotas)
         now = time.time()  # SQLite is one host's: its clock is the database's
+        grants = batch.grants
         with self._write_transaction() as conn:
             if grants:
                 rows_in = [{"digest": d, "bucket": b, "kind": READ, "bytes": n, "expires_at": until}
@@ -314,13 +313,17 @@ def quiet_window(fresh_seconds: float, horizon_ms: int) -> float:
 _NOW = "extract(epoch from statement_timestamp())"
 
 # One statement, one round trip: grants (overriding claims), releases, the member row, then the head,
-# the rows the releases deleted and the lease_log entries after the position, in one snapshot.
+# the rows the releases deleted and the lease_log entries after the position, in one snapshot. The
+# grants come as columns in binary (``%(x)b``: psycopg's text arrays escape each element through a
+# regular expression, 3.3 µs a row; binary 0.5 µs; the digests as one bytea, nothing per row).
 _SYNC_POSTGRES = f"""
 WITH granted AS (
     INSERT INTO chunk_leases (digest, bucket, kind, bytes, expires_at)
-    SELECT g.digest, g.bucket, {READ}, g.bytes, g.until
-    FROM unnest(%(g_digest)s::bytea[], %(g_bucket)s::text[], %(g_bytes)s::int8[], %(g_until)s::float8[])
-         AS g(digest, bucket, bytes, until)
+    SELECT g.digest, (%(buckets)b::text[])[g.b], {READ}, g.bytes, g.until
+    FROM (SELECT substring(%(digests)b::bytea FROM (u.i::int - 1) * 16 + 1 FOR 16) AS digest, u.bytes, u.until, u.b
+          FROM unnest(%(sizes)b::int8[], %(untils)b::float8[], %(bucket_of)b::int4[])
+               WITH ORDINALITY AS u(bytes, until, b, i)) AS g
+    WHERE g.until > %(now)s AND g.digest <> ALL(%(r_digest)b::bytea[])
     ON CONFLICT (digest) DO UPDATE
         SET kind = {READ}, bucket = excluded.bucket, bytes = excluded.bytes,
             expires_at = CASE WHEN chunk_leases.kind = {READ}
@@ -328,7 +331,7 @@ WITH granted AS (
                               ELSE excluded.expires_at END
     RETURNING 1
 ), released AS (
-    DELETE FROM chunk_leases WHERE digest = ANY(%(r_digest)s::bytea[]) AND kind = {READ} RETURNING digest
+    DELETE FROM chunk_leases WHERE digest = ANY(%(r_digest)b::bytea[]) AND kind = {READ} RETURNING digest
 ), me AS (
     INSERT INTO lease_members (member, seen, synced_at, quiet_at)
     VALUES (%(member)s, %(seen)s, {_NOW}, {_NOW} + %(quiet)s)

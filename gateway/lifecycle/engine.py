@@ -32,7 +32,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from backends import errors as backend
@@ -83,7 +83,8 @@ class _Always:
         return {"leader": True}
 
 
-_Victim = tuple[Candidate[bytes], bytes | None, IndexEntry]  # candidate, its parent, its entry
+_Victim = tuple[Candidate[bytes], bytes | None, IndexEntry]
+_COUNTS = ("expired", "replicated", "demoted", "evicted", "leased")  # candidate, its parent, its entry
 
 
 class LifecycleEngine:
@@ -117,7 +118,8 @@ class LifecycleEngine:
         self._s3_retry_at = 0.0
         self._s3_backoff = 1.0
         self._logged_outage = False
-        self.totals = PassReport()
+        self.totals = PassReport()  # of the passes done
+        self._passing: PassReport | None = None  # the pass running now
         self._waiting: dict[tuple[str, TierId], str] = {}  # (bucket, tier) over its watermark: why it stays
         self._draining: set[tuple[str, TierId]] = set()  # passed the high watermark, not yet down to the low
         self._states = states
@@ -201,7 +203,7 @@ class LifecycleEngine:
 
     async def run_pass(self, now: float | None = None) -> PassReport:
         now = self._clock() if now is None else now
-        report = PassReport(leading=self._fenced())
+        report = self._passing = PassReport(leading=self._fenced())
         await self._index.flush()  # this process's reads into the index (and its observations)
         observed = self._index.observations
         seen = [observed.popleft() for _ in range(len(observed))]
@@ -227,9 +229,22 @@ class LifecycleEngine:
             self._draining.clear()
             self._restored = False  # a later leadership loads what the leader in between learnt
             self._saved_at = None
-        for name in ("expired", "replicated", "demoted", "evicted", "leased"):
-            setattr(self.totals, name, getattr(self.totals, name) + getattr(report, name))
+        self._add(self.totals, report)
+        self._passing = None
         return report
+
+    @staticmethod
+    def _add(into: PassReport, report: PassReport) -> None:
+        for name in _COUNTS:
+            setattr(into, name, getattr(into, name) + getattr(report, name))
+
+    def counted(self) -> PassReport:
+        """What the passes did so far, the one running now included (a pass may wait on claims for a
+        while after its first removals: the admin stats show them at once)."""
+        out = replace(self.totals)
+        if self._passing is not None:
+            self._add(out, self._passing)
+        return out
 
     def _pressed(self) -> bool:
         """Whether the usage as last read puts some (bucket, tier) past its high watermark (or still on the

@@ -90,3 +90,16 @@ def test_sigterm_drains_in_flight_requests(workers: ServerProcess) -> None:
     sock.close()
     assert received == len(body)  # the whole chunk, though the stop came mid-response
     assert workers.proc.wait(60) == 0
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(workers: ServerProcess) -> None:
+    """A worker holds the data directory's lock and serves the shared socket: when the supervisor is
+    SIGKILLed (no chance to stop its workers), the kernel ends the workers too (PR_SET_PDEATHSIG), so a
+    new gateway can take the data directory."""
+    assert workers.proc is not None
+    kids = children_of(workers.proc.pid)
+    assert len(kids) == 2
+    workers.kill()
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in kids), "the workers of a killed supervisor")
+    workers.start()  # the data directory is free again
+    assert httpx.get(f"{workers.url}/readyz", timeout=10).status_code == 200

@@ -87,3 +87,17 @@ def test_a_report_about_a_sound_chunk_destroys_nothing(client: httpx.Client, ser
     assert client.post(f"{server.url}/v1/buckets/kvcache/damaged", json={"keys": "sound"}).status_code == 400
     unauthorized = httpx.post(f"{server.url}/v1/buckets/kvcache/damaged", json={"keys": ["sound"]})
     assert unauthorized.status_code == 401
+
+
+def test_a_torn_chunk_file_is_never_sent_even_to_a_verifying_reader(client: httpx.Client,
+                                                                    server: ServerProcess) -> None:
+    """What a power loss can leave behind with fsync off (a published name, the tail of the data never
+    written): the file is refused when opened (its footer is gone), quarantined, and answered 404, so a
+    reader that would verify gets no partial chunk to verify either."""
+    data = os.urandom(SIZE)
+    assert client.put(server.chunk_url("torn"), content=data).status_code == 201
+    path = chunk_path(server, "torn")
+    os.truncate(path, SIZE // 2)
+    reply = client.get(server.chunk_url("torn"), headers=VERIFYING)
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "NoSuchChunk"
+    assert not path.exists() and not exists(client, server, "torn")

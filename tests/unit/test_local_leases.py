@@ -6,6 +6,7 @@ that claim's number)."""
 from __future__ import annotations
 
 from gateway.leases.local import (
+    HORIZON_KEEP_SECONDS,
     QUOTA_RETRY_SECONDS,
     REFUSED_UNREACHABLE,
     RELEASED,
@@ -78,6 +79,9 @@ def test_a_lease_longer_than_the_announced_horizon_waits_for_a_sync_announcing_i
     assert batch.horizon_ms == 60_000  # the catalog's quiet_at then covers it
     leases.apply(batch, SyncResult(0, [], None, set(), {}))
     assert isinstance(grant(leases, A, ms=60_000), LeaseGrant)
+    clocks.mono += HORIZON_KEEP_SECONDS + 1  # no long lease asked for since: the next sync announces 10 s
+    synced(leases)
+    assert leases.horizon_ms == 10_000 and isinstance(grant(leases, A, ms=60_000), Wait)
 
 
 def test_a_grant_made_before_a_claim_was_known_goes_out_with_a_seen_at_least_that_claim() -> None:
@@ -141,7 +145,7 @@ def test_expired_and_loaded_leases_free_the_share_and_a_load_ends_the_lease_in_t
     batch = leases.take()
     leases.apply(batch, SyncResult(0, [], None, set(), {"bkt": 200}))
     assert isinstance(grant(leases, A, B, cap=200), LeaseGrant)
-    leases.loaded("bkt", [A])  # loaded before the grant was written: it is cancelled, not written
+    leases.loaded("bkt", [(A, 100)])  # loaded before the grant was written: it is cancelled, not written
     batch = leases.take()
     assert set(batch.grants) == {B} and batch.cancelled == {A}
     assert isinstance(grant(leases, C, cap=200), LeaseGrant)  # A's bytes are free again
@@ -154,7 +158,7 @@ def test_a_failed_sync_sends_its_grants_and_releases_again() -> None:
     leases = book(clocks)
     synced(leases)
     grant(leases, A, B)
-    leases.loaded("bkt", [B])
+    leases.loaded("bkt", [(B, 100)])
     failed = leases.take()
     leases.requeue(failed)
     again = leases.take()
