@@ -77,13 +77,21 @@ _FEED_POSITION = struct.Struct("<Q")
 _FEED_KEY = b"feed"
 _IDENTITY_KEY = b"identity"
 _LAYOUT_KEY = b"layout"
-_LAYOUT = b"2"  # kids, expiry, usage and ghosts exist and agree with chunks and parents
+_LAYOUT = b"3"  # kids, expiry, usage and ghosts exist and agree with chunks and parents; ghosts keep marks
 _EXPIRY = struct.Struct(">d")  # big-endian: byte order is numeric order for the positive expiry times
 _USAGE = struct.Struct("<qq")  # bytes, chunks
-_GHOST = struct.Struct("<dQIB")  # last access, size, hits, tier; then the bucket
+_GHOST = struct.Struct("<dQIBB")  # last access, size, hits, tier, marks; then the bucket
 _TIERS_AT = 44  # offset of the tiers byte in RECORD
 _RETURNED = 0x01  # RECORD flags: stored again while the index remembered its eviction (a ghost)
 _MD5 = 0x02  # RECORD flags: an MD5 ETag (``backends.base.pack_md5_etag``) follows the key
+# RECORD flags set by engine hints (``gateway.hints``); ``IndexEntry.marks`` holds them
+MARK_PINNED = 0x04  # never evicted or demoted while set
+MARK_ENDED = 0x08  # the request that read or wrote it ended (cleared by the next read)
+MARK_SESSION_ENDED = 0x10  # its session ended: no further turn will read it (cleared by the next read)
+MARK_SHARED = 0x20  # retention class "shared" (a system prompt many requests share)
+MARK_ONE_OFF = 0x40  # retention class "one-off" (a document read once)
+MARKS = MARK_PINNED | MARK_ENDED | MARK_SESSION_ENDED | MARK_SHARED | MARK_ONE_OFF
+MARKS_CLEARED_BY_READ = MARK_ENDED | MARK_SESSION_ENDED
 _KIDS_CHECKED = 16  # children looked at to decide whether a chunk is a leaf (more: assumed not)
 _NAME_KEY_LIMIT = 424
 OBSERVATIONS_KEPT = 8192
@@ -102,6 +110,7 @@ class IndexEntry:
     tiers: int = TierId.FS  # bit mask of TierId values: the tiers holding a copy
     returned: bool = False  # stored again after the lifecycle evicted it (while the index remembered that)
     md5_etag: str | None = None  # the S3 ETag of a chunk written to an MD5-mode bucket (ChunkMeta.md5_etag)
+    marks: int = 0  # MARK_* bits engine hints set (``gateway.hints``)
 
     def alive(self, now: float) -> bool:
         return self.expires == 0.0 or self.expires > now
@@ -112,7 +121,7 @@ class IndexEntry:
         flags = (_RETURNED if self.returned else 0) | (_MD5 if self.md5_etag is not None else 0)
         head = RECORD.pack(
             self.size, self.checksum, self.created, self.expires, self.last_access,
-            min(self.hits, 0xFFFFFFFF), self.tiers, flags, len(b), len(k),
+            min(self.hits, 0xFFFFFFFF), self.tiers, flags | (self.marks & MARKS), len(b), len(k),
         )
         if self.md5_etag is None:
             return head + b + k
@@ -127,7 +136,8 @@ class IndexEntry:
         md5 = None
         if flags & _MD5 and len(raw) >= at + blen + klen + MD5_ETAG_BYTES:
             md5 = unpack_md5_etag(raw, at + blen + klen)
-        return cls(bucket, key, size, checksum, created, expires, last, hits, tiers, bool(flags & _RETURNED), md5)
+        return cls(bucket, key, size, checksum, created, expires, last, hits, tiers, bool(flags & _RETURNED), md5,
+                   flags & MARKS)
 
 
 class Observation(NamedTuple):
@@ -138,6 +148,7 @@ class Observation(NamedTuple):
     ``FORGOTTEN``: the index stopped remembering its eviction from ``tiers`` (no return seen).
     ``last_access`` and ``hits`` are the chunk's before the event (for ghosts: when it was evicted);
     ``hits`` counts one more for a chunk that returned (its class for the eviction policy: read before).
+    ``marks``: the chunk's hint marks (``MARK_*``) before the event (for ghosts: when it was evicted).
     """
 
     kind: int
@@ -148,6 +159,7 @@ class Observation(NamedTuple):
     hits: int
     at: float
     reads: int = 1
+    marks: int = 0
 
 
 OBS_READ = 1
@@ -156,21 +168,24 @@ OBS_FORGOTTEN = 3
 
 
 class Ghost(NamedTuple):
-    """A chunk the lifecycle evicted from ``tier`` (what the ``ghosts`` database remembers)."""
+    """A chunk the lifecycle evicted from ``tier`` (what the ``ghosts`` database remembers), with the hint
+    marks it had (so its return or its being forgotten teaches the policy class it was evicted from)."""
 
     bucket: str
     tier: int
     size: int
     last_access: float
     hits: int
+    marks: int = 0
 
     def pack(self) -> bytes:
-        return _GHOST.pack(self.last_access, self.size, min(self.hits, 0xFFFFFFFF), self.tier) + self.bucket.encode()
+        return _GHOST.pack(self.last_access, self.size, min(self.hits, 0xFFFFFFFF), self.tier,
+                           self.marks & MARKS) + self.bucket.encode()
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> Ghost:
-        last, size, hits, tier = _GHOST.unpack_from(raw)
-        return cls(bytes(raw[_GHOST.size :]).decode(), tier, size, last, hits)
+        last, size, hits, tier, marks = _GHOST.unpack_from(raw)
+        return cls(bytes(raw[_GHOST.size :]).decode(), tier, size, last, hits, marks)
 
 
 def _usage_key(bucket: str, tier: int) -> bytes:
@@ -191,6 +206,7 @@ class ChangeOp:
     REMOVE = 2  # the copy in ``tier`` is gone
     READ = 3  # the chunk was read ``count`` times, last at ``at``
     LINK = 4  # ``parent`` precedes the chunk in its prefix chain (a client looked them up in that order)
+    MARK = 5  # engine hints: marks ``count & 0xFF`` set and ``count >> 8`` cleared (``MARK_*``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +388,12 @@ class ChunkIndex:
     def _upgrade_layout(self) -> None:
         """Build the derived databases of an index written before them (once; blocking, at open)."""
         with self.env.begin(write=True) as txn:
-            if txn.get(_LAYOUT_KEY, db=self.meta_db) == _LAYOUT:
+            layout = txn.get(_LAYOUT_KEY, db=self.meta_db)
+            if layout == _LAYOUT:
+                return
+            if layout == b"2":  # ghosts without marks: forget them (they are hints), keep everything else
+                txn.drop(self.ghosts_db, delete=False)
+                txn.put(_LAYOUT_KEY, _LAYOUT, db=self.meta_db)
                 return
             started = time.monotonic()
             for db in (self.kids_db, self.expiry_db, self.usage_db, self.ghosts_db):
@@ -537,7 +558,8 @@ class ChunkIndex:
                 previous = IndexEntry.unpack(raw)
                 # keep access history across re-indexing (fall-through, rebuild, tier changes)
                 merged = replace(entry, last_access=max(previous.last_access, entry.last_access),
-                                 hits=max(previous.hits, entry.hits), returned=previous.returned or entry.returned)
+                                 hits=max(previous.hits, entry.hits), returned=previous.returned or entry.returned,
+                                 marks=previous.marks | entry.marks)
                 self._write_in(txn, digest, merged, previous, parent)
             else:
                 self._write_in(txn, digest, entry, None, parent)
@@ -629,7 +651,7 @@ class ChunkIndex:
                 ghost = Ghost.unpack(raw)
                 entry = replace(entry, returned=True)
                 self.observations.append(Observation(OBS_RETURNED, ghost.bucket, ghost.tier, ghost.size,
-                                                     ghost.last_access, ghost.hits, entry.created))
+                                                     ghost.last_access, ghost.hits, entry.created, 1, ghost.marks))
         else:
             self._count_usage(txn, old, -1)
             if old.expires and old.expires != entry.expires:
@@ -858,7 +880,7 @@ class ChunkIndex:
                 ghost = Ghost.unpack(cursor.value())
                 cursor.delete()
                 self.observations.append(Observation(OBS_FORGOTTEN, ghost.bucket, ghost.tier, ghost.size,
-                                                     ghost.last_access, ghost.hits, now))
+                                                     ghost.last_access, ghost.hits, now, 1, ghost.marks))
 
         await self._submit(op)
 
@@ -958,6 +980,10 @@ class ChunkIndex:
                 return False
             self._read_in(txn, digest, old, change.at, change.count)
             return True
+        if change.op == ChangeOp.MARK:
+            if old is None:
+                return False
+            return self._mark_in(txn, digest, old, change.count & 0xFF, change.count >> 8)
         if change.op == ChangeOp.LINK:
             if old is None or change.parent is None or txn.get(digest, db=self.parents_db) == change.parent:
                 return False
@@ -989,12 +1015,49 @@ class ChunkIndex:
             return True
         return False
 
-    def _read_in(self, txn: lmdb.Transaction, digest: bytes, entry: IndexEntry, when: float, count: int) -> None:
+    def _mark_in(self, txn: lmdb.Transaction, digest: bytes, entry: IndexEntry, set_marks: int, clear_marks: int
+                 ) -> bool:
+        marks = (entry.marks & ~clear_marks | set_marks) & MARKS
+        if marks == entry.marks:
+            return False
+        txn.put(digest, replace(entry, marks=marks).pack(), db=self.chunks_db)
+        return True
+
+    async def mark(self, digests: Sequence[bytes], set_marks: int, clear_marks: int = 0) -> list[bool]:
+        """Set and clear hint marks (``MARK_*``) of indexed chunks, in one transaction; which of
+        ``digests`` are indexed. Reads of them not applied yet are applied first, in the same
+        transaction, so a read made before the hint never clears a mark it sets."""
+        wanted = set(digests)
+        with self._touch_lock:
+            early = {d: self._touches.pop(d) for d in wanted if d in self._touches}
+
+        def op(txn: lmdb.Transaction) -> list[bool]:
+            found: list[bool] = []
+            for digest in digests:
+                raw = txn.get(digest, db=self.chunks_db)
+                if raw is None:
+                    found.append(False)
+                    continue
+                entry = IndexEntry.unpack(raw)
+                if digest in early:
+                    when, count = early.pop(digest)
+                    entry = self._read_in(txn, digest, entry, when, count)
+                self._mark_in(txn, digest, entry, set_marks, clear_marks)
+                found.append(True)
+            return found
+
+        result: list[bool] = await self._submit(op)
+        return result
+
+    def _read_in(self, txn: lmdb.Transaction, digest: bytes, entry: IndexEntry, when: float, count: int
+                 ) -> IndexEntry:
         self.observations.append(Observation(OBS_READ, entry.bucket, entry.tiers, entry.size,
                                              max(entry.last_access, entry.created),
-                                             entry.hits + (1 if entry.returned else 0), when, count))
-        updated = replace(entry, last_access=max(entry.last_access, when), hits=entry.hits + count)
+                                             entry.hits + (1 if entry.returned else 0), when, count, entry.marks))
+        marks = entry.marks if when <= entry.last_access else entry.marks & ~MARKS_CLEARED_BY_READ
+        updated = replace(entry, last_access=max(entry.last_access, when), hits=entry.hits + count, marks=marks)
         txn.put(digest, updated.pack(), db=self.chunks_db)
+        return updated
 
     async def reconcile_tier(self, tier: int, found: Sequence[tuple[bytes, IndexEntry, bytes | None]],
                              absent: Sequence[bytes], newer_than: float

@@ -236,6 +236,10 @@ class ChunkEvents(Protocol):
 
     def chained(self, bucket: str, digests: list[bytes]) -> None: ...
 
+    def marked(self, bucket: str, digest: bytes, set_marks: int, clear_marks: int, now: float) -> None:
+        """An engine hint set and cleared these marks of an indexed chunk (``gateway.hints``)."""
+        ...
+
 
 class NoEvents:
     """A ``ChunkEvents`` that listens to nothing (a service without a lifecycle engine)."""
@@ -253,4 +257,7 @@ class NoEvents:
         return None
 
     def chained(self, bucket: str, digests: list[bytes]) -> None:
+        return None
+
+    def marked(self, bucket: str, digest: bytes, set_marks: int, clear_marks: int, now: float) -> None:
         return None

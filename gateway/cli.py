@@ -366,6 +366,7 @@ def cmd_cluster_reconcile(args: argparse.Namespace) -> int:
 BENCHMARKS = {
     "io": "gateway.bench.io",  # native API I/O against raw disk and nginx
     "trace": "gateway.bench.trace",  # hit rates on Mooncake traces (sim / online)
+    "qa": "gateway.bench.qa",  # multi-round QA through LMCache and SGLang against a live tier: TTFT saved
     "s3": "gateway.bench.s3",  # the S3 API against the native API and moto
     "lmcache": "gateway.bench.lmcache",  # LMCache's own storage paths through kvgw
     "slow-clients": "gateway.bench.slow_clients",  # latency while 1,000 stalled connections are open

@@ -120,6 +120,7 @@ class Settings(BaseSettings):
     lifecycle_interval: float = 1.0  # seconds between lifecycle passes
     lifecycle_budget: int = 256  # chunks a pass may expire, replicate or evict
     lifecycle_lease_seconds: float = 5.0  # the lifecycle leader's lease; a dead leader is replaced within ~1.3x
+    lifecycle_state_save_seconds: float = 10.0  # how often the leader keeps what the policies learnt in the catalog
     # read leases are granted in memory; each process writes them this often (and at once when the
     # lifecycle leader asks), and grants only within 4x this of its last write (gateway.leases)
     lease_sync_seconds: float = 0.5

@@ -12,7 +12,7 @@ a class is missing from either table. Backend errors are translated to these at 
     ├── InvalidKey, InvalidRequest, IncompleteBody, BadDigest, InvalidRange
     ├── MissingContentLength, ChunkTooLarge, EmptyChunk, PreconditionFailed
     ├── Unauthorized, AccessDenied
-    ├── InsufficientStorage, ServiceUnavailable, InternalError
+    ├── InsufficientStorage (Declined), ServiceUnavailable, InternalError
     ├── MethodNotAllowed, NotFound                     the native API's routing
     ├── NoSuchUpload, InvalidPart, EntityTooSmall      multipart uploads (S3 API)
     └── InvalidBucketName, BucketAlreadyOwned, BucketNotEmpty   bucket create / delete (S3 API)
@@ -116,6 +116,19 @@ class AccessDenied(KvgwError):
 class InsufficientStorage(KvgwError):
     code = ErrorCode.INSUFFICIENT_STORAGE
     default_message = "the storage tier is full"
+
+
+class Declined(InsufficientStorage):
+    """A write admission did not take: the tier is at its watermarks and the chunk is predicted to be
+    read again less than what storing it would evict (``gateway.lifecycle.admission``). Not a failure:
+    the native API answers 507 with ``X-Kvgw-Declined``, and clients treat it as "not stored"."""
+
+    code = ErrorCode.DECLINED
+    default_message = "not stored: the tier is full of chunks more likely to be read again"
+
+    def __init__(self, reason: str, message: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ServiceUnavailable(KvgwError):

@@ -246,6 +246,13 @@ class StatsCollector(Collector):
         for direction, value in sorted(doc.get("moved_bytes", {}).items()):
             moved.add_metric([str(direction)], value)
         yield moved
+        admission = CounterMetricFamily(
+            "kvgw_admission", "New chunks written (native API) while their bucket's filesystem tier was at its low "
+            "watermark: admitted, or declined (507 Declined) and why.", labels=["bucket", "outcome"])
+        for bucket, outcomes in sorted(doc.get("admission", {}).items()):
+            for outcome, value in sorted(outcomes.items()):
+                admission.add_metric([bucket, outcome], value)
+        yield admission
         yield GaugeMetricFamily("kvgw_write_through_backlog", "Chunks queued for write-through to S3.",
                                 value=doc.get("write_through_pending", 0))
         yield GaugeMetricFamily("kvgw_chunks_indexed", "Chunks in this gateway's index.",

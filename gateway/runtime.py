@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -37,7 +38,8 @@ from gateway.cluster.leader import Leadership, LeaseStore, SoleLeader
 from gateway.config import ConfigurationError, Settings, is_fernet_key
 from gateway.leases import MAX_LEASE_MS, LeaseBook
 from gateway.lifecycle.engine import LifecycleEngine
-from gateway.lifecycle.ledgers import LargerUsage, Ledgers
+from gateway.lifecycle.ledgers import LargerUsage, Ledgers, UsageSource, at_low_watermark
+from gateway.lifecycle.state import PolicyStates
 from gateway.mover import TierMover
 from gateway.service import ChunkService
 
@@ -133,7 +135,7 @@ def _refuse_sqlite_on_network_fs(dsn: str) -> None:
 
 def validate_policy(policy: BucketPolicy) -> None:
     """Refuse placement policies the lifecycle engine could not apply."""
-    from gateway.lifecycle.policy import POLICIES
+    from gateway.lifecycle.policies import POLICIES
 
     try:
         TierId.parse(policy.write_tier)
@@ -233,9 +235,12 @@ class Gateway:
             self.index, self.tiers, events=self.cluster.events, clock=clock,
             read_window_bytes=settings.read_window_bytes, prefetch_concurrency=settings.prefetch_concurrency,
         )
+        # what capacity is enforced against, and admission under pressure reads (the whole tier's usage)
+        usage: UsageSource = LargerUsage(self.cluster.usage, self.ledgers) if self.cluster.enabled else self.ledgers
         self.service = ChunkService(settings, self.directory, self.index, self.tiers, mover=self.mover,
                                     events=self.cluster.events, clock=clock,
-                                    admit_writes=self.cluster.admit_writes, leases=self.leases)
+                                    admit_writes=self.cluster.admit_writes, leases=self.leases,
+                                    pressed=functools.partial(at_low_watermark, usage))
         # one process of the whole cluster runs eviction and TTL reclaim: the holder of the lifecycle lease
         self.leadership: Leadership | SoleLeader = (
             Leadership(LeaseStore(self.cluster.db.engine), self.cluster.member,
@@ -243,9 +248,10 @@ class Gateway:
             if self.cluster.enabled else SoleLeader())
         self.lifecycle = LifecycleEngine(
             self.index, self.directory, self.mover, self.ledgers,
-            usage=(LargerUsage(self.cluster.usage, self.ledgers)
-                   if self.cluster.enabled else self.ledgers),
+            usage=usage,
             leader=self.leadership, leases=self.leases,
+            states=PolicyStates(self.cluster.db, self.cluster.member, clock=clock),
+            save_seconds=settings.lifecycle_state_save_seconds,
             clock=clock, interval=settings.lifecycle_interval, budget=settings.lifecycle_budget)
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -69,6 +69,7 @@ from gateway.chunks import (
 from gateway.config import Settings
 from gateway.errors import (
     BadDigest,
+    Declined,
     IncompleteBody,
     InvalidKey,
     InvalidRequest,
@@ -76,10 +77,13 @@ from gateway.errors import (
     ServiceUnavailable,
     translate_backend_error,
 )
+from gateway.hints import HINT_MARKS
 from gateway.leases import LeaseBook, LeaseGrant
+from gateway.lifecycle.admission import decide
 from gateway.mover import TierMover
 from gateway.read_budget import ReadBudget, budgeted
 from kvgw_client.keys import InvalidKeyError, chunk_digest, digest_many
+from kvgw_client.wire import Hint
 
 log = logging.getLogger("kvgw.service")
 
@@ -137,11 +141,14 @@ class ChunkService:
         clock: Callable[[], float] = time.time,
         admit_writes: Callable[[], str | None] | None = None,
         leases: LeaseBook | None = None,
+        pressed: Callable[[BucketPolicy], bool] | None = None,
     ) -> None:
         """``mover``: the tier mover promotions go through (the lifecycle engine shares it); by default
         one of the service's own over the same index, tiers, events and clock. ``admit_writes``: None
         while writes may proceed, else why not (the answer is 503 with that message). ``leases``: where
-        lookups take read leases (``lease``); without it a lease request is refused."""
+        lookups take read leases (``lease``); without it a lease request is refused. ``pressed(bucket)``:
+        whether the bucket's filesystem tier is at its low watermark or above, when admission declines
+        writes not worth what they would evict (``admit``); without it nothing is declined."""
         self._settings = settings
         self._directory = directory
         self._index = index
@@ -164,6 +171,8 @@ class ChunkService:
         self._budget = ReadBudget(settings.read_buffer_budget_bytes)
         self._background: set[asyncio.Task[None]] = set()
         self.write_through_skipped = 0  # writes not queued for S3 because the queue was full
+        self._pressed = pressed
+        self.admission: dict[str, dict[str, int]] = {}  # bucket -> outcome under pressure -> writes
 
     async def bucket(self, name: str) -> BucketPolicy:
         return await self._directory.bucket(name)
@@ -506,6 +515,22 @@ class ChunkService:
             touched += 1
         return touched
 
+    async def hint(self, bucket: BucketPolicy, keys: Sequence[str], hint: Hint) -> int:
+        """Apply an engine hint to the chunks under ``keys`` (``gateway.hints``): their marks change in
+        the index and the change goes to the cluster feed. Returns how many of the keys are indexed;
+        the others (never stored, evicted, another gateway's not yet seen) are ignored."""
+        set_marks, clear_marks = HINT_MARKS[hint]
+        digests = self._digests(bucket, keys)
+        try:
+            found = await self._index.mark(digests, set_marks, clear_marks)
+        except backend.BackendError as exc:
+            raise translate_backend_error(exc) from exc
+        now = self._clock()
+        for digest, present in zip(digests, found, strict=True):
+            if present:
+                self._events.marked(bucket.name, digest, set_marks, clear_marks, now)
+        return sum(found)
+
     async def locate(self, bucket: BucketPolicy, keys: Sequence[str]) -> list[ChunkLocation | None]:
         """Resolve a batch read whose bytes the client will read from the tier directory itself.
 
@@ -563,6 +588,7 @@ class ChunkService:
         attrs: dict[str, str] | None = None,
         threaded: ThreadedBody | None = None,
         md5_etag: str | None = None,
+        marks: int = 0,
     ) -> PutResult:
         """Stream ``body`` into the bucket's write tier; publish only if complete and matching the
         given digests. With write-through the chunk is queued for S3 in the same index commit.
@@ -578,6 +604,7 @@ class ChunkService:
         of the body, computed by the same pass that computes its xxh3 (in the receiving thread for a
         threaded receive), never by a second read; ``md5_etag`` gives it instead when the caller has it
         already (a multipart upload's, made of its parts' MD5s). Other buckets record none.
+        ``marks``: hint marks the chunk starts with (its retention class, ``gateway.hints``).
         """
         if length is not None:
             check_chunk_size(bucket, length)
@@ -631,7 +658,7 @@ class ChunkService:
             return PutResult(False, existing)
         parent_digest = None if parent is None else chunk_digest(bucket.name, parent)
         entry = IndexEntry(bucket.name, key, size, value, now, meta.expires, last_access=now, tiers=bit,
-                           md5_etag=md5_etag)
+                           md5_etag=md5_etag, marks=marks)
         replicate = bucket.write_through and bit == TierId.FS and self._s3 is not None
         if replicate and self._index.pending_count() >= self._settings.write_through_max_pending:
             replicate = False
@@ -642,6 +669,8 @@ class ChunkService:
             raise translate_backend_error(exc) from exc
         info = ChunkInfo.from_entry(entry)
         self._events.stored(bucket.name, digest, bit, size, meta.expires, parent_digest, now, info=info)
+        if marks:
+            self._events.marked(bucket.name, digest, marks, 0, now)
         return PutResult(True, info)
 
     async def _winner(self, tier: Tier, bit: TierId, digest: bytes, bucket: str, key: str) -> ChunkInfo | None:
@@ -658,6 +687,21 @@ class ChunkService:
             return await self._reindex(digest, meta, bit, now)
         except backend.BackendError as exc:
             raise translate_backend_error(exc) from exc
+
+    def admit(self, bucket: BucketPolicy, marks: int) -> None:
+        """Admission under pressure (``gateway.lifecycle.admission``), before a new chunk's body is read:
+        while the bucket's filesystem tier is at its low watermark or above, a chunk hinted as read by
+        no one again is declined (``Declined``, with the reason). Outcomes under pressure are counted
+        per bucket (``admission``; ``kvgw_admission_total``). Only the native API asks: S3 clients know
+        no "not stored" answer."""
+        if self._pressed is None or not self._pressed(bucket):
+            return
+        reason = decide(marks=marks)
+        counts = self.admission.setdefault(bucket.name, {})
+        outcome = reason or "admitted"
+        counts[outcome] = counts.get(outcome, 0) + 1
+        if reason is not None:
+            raise Declined(reason)
 
     def _check_admission(self) -> None:
         if self._admit_writes is not None and (why := self._admit_writes()) is not None:

@@ -29,6 +29,8 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         "lifecycle": {k: v for k, v in vars(lifecycle.counted()).items() if isinstance(v, int)},
         "lifecycle_waiting": lifecycle.waiting,  # bucket -> why its usage stays over the watermark
         "lifecycle_leader": gateway.leadership.status(),  # whether this process runs eviction and TTL
+        "lifecycle_policies": gateway.ledgers.status(),  # the eviction policies this process runs, what they learnt
+        "lifecycle_state": lifecycle.state_status(),  # what they learnt, kept in the catalog
         "s3_breaker": getattr(gateway.tiers.get(TierId.S3), "breaker_state", None),  # closed/open/half-open
         "moved_bytes": dict(mover.moved_bytes),
         "promotions": mover.promotions,
@@ -36,6 +38,8 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         # lookup here: NFS / FUSE negative caches): retried, and given up on after fs_visibility_seconds
         "fs_hidden": {"seen": gateway.fs.hidden_seen, "refused": gateway.fs.hidden_refused},
         "write_through_skipped": gateway.service.write_through_skipped,
+        # native PUTs while a bucket's fs tier was at its low watermark: admitted, or declined and why
+        "admission": gateway.service.admission,
         "leases": gateway.leases.report(),  # read leases this process granted, and the lifecycle left
         "cluster": gateway.cluster.stats(),  # usage of the whole tier (all gateways), feed, member
     }

@@ -17,6 +17,7 @@ from sqlalchemy import (
     LargeBinary,
     SmallInteger,
     String,
+    Text,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -209,3 +210,16 @@ class ClusterLease(Base):
     holder: Mapped[str] = mapped_column(String(64))
     epoch: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class PolicyState(Base):
+    """What an eviction policy learnt for one (bucket, tier) (revision 0010, ``gateway.lifecycle.state``)."""
+
+    __tablename__ = "policy_state"
+
+    bucket: Mapped[str] = mapped_column(String(63), primary_key=True)
+    tier: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    policy: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(Text)
+    saved_at: Mapped[float] = mapped_column(Float)
+    member: Mapped[str] = mapped_column(String(64), default="")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvgw_client.framing import BatchItem, BufferProvider, ItemStatus
+from kvgw_client.wire import Hint, Retention
 
 if TYPE_CHECKING:
     from kvgw_client.changes import ChangePage
@@ -35,10 +36,16 @@ class BlockingClient:
         *,
         parent: str | None = None,
         ttl: int | None = None,
+        retention: Retention | None = None,
         quiet: bool = False,
         timeout: float | None = None,
     ) -> PutOutcome:
-        return self._c.io.call(self._c.put(key, data, parent=parent, ttl=ttl, quiet=quiet, timeout=timeout))
+        return self._c.io.call(self._c.put(key, data, parent=parent, ttl=ttl, retention=retention, quiet=quiet,
+                                           timeout=timeout))
+
+    def hint(self, hint: Hint | str, keys: Sequence[str], *, quiet: bool = False,
+             timeout: float | None = None) -> int:
+        return self._c.io.call(self._c.hint(hint, keys, quiet=quiet, timeout=timeout))
 
     def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
         return self._c.io.call(self._c.get(key, quiet=quiet, timeout=timeout))

@@ -56,6 +56,7 @@ class HiCacheSettings:
     clear_timeout: float = 300.0  # deadline of clear()
     skip_existing: bool = True  # batch_set: one exists call first, send only missing pages
     parent_map_size: int = 1 << 16
+    shared_prefix_tokens: int = 0  # pages within the first N tokens of a prompt are written retention "shared"
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, object] | None, environ: Mapping[str, str]) -> HiCacheSettings:
@@ -74,6 +75,7 @@ class HiCacheSettings:
             clear_timeout=reader.get_float("clear_timeout_s", cls.clear_timeout),
             skip_existing=reader.get_bool("skip_existing", cls.skip_existing),
             parent_map_size=reader.get_int("parent_map_size", cls.parent_map_size),
+            shared_prefix_tokens=reader.get_int("shared_prefix_tokens", cls.shared_prefix_tokens),
         )
         unknown = [k for k in reader.leftover(extra) if k not in FACTORY_KEYS | SGLANG_KEYS]
         if unknown:
@@ -82,6 +84,8 @@ class HiCacheSettings:
             raise ValueError("lookup_timeout_s, io_timeout_s and clear_timeout_s must be positive")
         if settings.parent_map_size < 1:
             raise ValueError("parent_map_size must be at least 1")
+        if settings.shared_prefix_tokens < 0:
+            raise ValueError("shared_prefix_tokens must not be negative")
         return settings
 
 

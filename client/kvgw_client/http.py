@@ -70,6 +70,7 @@ from kvgw_client.health import CircuitState, Counters
 from kvgw_client.leases import HeldLeases
 from kvgw_client.loop import IoLoop
 from kvgw_client.policy import CallPolicy, error_from, translate
+from kvgw_client.wire import Hint, Retention
 from kvgw_client.wire import encode_key as encode_key
 
 T = TypeVar("T")
@@ -88,6 +89,7 @@ _TOUCH_AFTER_S = 0.25  # at most this long between a direct read and the touch t
 class PutOutcome(enum.StrEnum):
     STORED = "stored"  # 201: this write created the chunk
     EXISTED = "existed"  # 200 + X-Kvgw-Existed: the key was already stored (first write wins)
+    DECLINED = "declined"  # 507 + X-Kvgw-Declined: admission under pressure did not store it (no failure)
     FAILED = "failed"  # only with quiet=True: the write did not happen or its fate is unknown
 
 
@@ -246,15 +248,34 @@ class KvgwClient:
         *,
         parent: str | None = None,
         ttl: int | None = None,
+        retention: Retention | None = None,
         quiet: bool = False,
         timeout: float | None = None,
     ) -> PutOutcome:
-        """Store a chunk (write-once). ``data`` is read until this returns, and not after."""
+        """Store a chunk (write-once). ``data`` is read until this returns, and not after.
+
+        DECLINED: the gateway's admission did not store it (the tier is full of chunks more likely to
+        be read again); not a failure (nothing is logged or counted as one), the caller treats the chunk
+        as not stored. ``retention``: the chunk's retention class (``X-Kvgw-Retention``)."""
         return await self._io.run(
             self._policy.op(
-                "put", lambda: self._put(key, data, parent, ttl), quiet=quiet, fallback=PutOutcome.FAILED,
-                deadline=timeout,
+                "put", lambda: self._put(key, data, parent, ttl, retention), quiet=quiet,
+                fallback=PutOutcome.FAILED, deadline=timeout,
             )
+        )
+
+    async def hint(self, hint: Hint | str, keys: Sequence[str], *, quiet: bool = False,
+                   timeout: float | None = None) -> int:
+        """Tell the gateway something about the chunks under ``keys`` (``Hint``: a request or session
+        ended, a retention class, pin / unpin), for its eviction and admission. Returns how many of the
+        keys are stored (the others are ignored). quiet: 0 on failure. Hints are advice: a lost hint
+        costs hit rate, never data, so engine integrations send them quiet and do not wait."""
+        hint = Hint(hint)
+        keys = list(keys)
+        if not keys:
+            return 0
+        return await self._io.run(
+            self._policy.op("hint", lambda: self._hint(hint, keys), quiet=quiet, fallback=0, deadline=timeout)
         )
 
     async def get(self, key: str, *, quiet: bool = False, timeout: float | None = None) -> bytearray | None:
@@ -437,23 +458,28 @@ class KvgwClient:
         *,
         parents: Sequence[str | None] | None = None,
         ttl: int | None = None,
+        retention: Retention | Sequence[Retention | None] | None = None,
         timeout: float | None = None,
     ) -> list[PutOutcome]:
         """Store a run of chunks, all in flight at once (``write_concurrency`` at a time), each naming
         its parent (``parents``, e.g. ``ParentMap.parents_of_run``): the engines' stores. Quiet: a
-        chunk that failed is ``PutOutcome.FAILED``; nothing raises for the gateway's sake. Each body is
-        read until this returns, and not after."""
+        chunk that failed is ``PutOutcome.FAILED``, one admission declined ``DECLINED``; nothing raises
+        for the gateway's sake. ``retention``: one class for every chunk, or one per chunk. Each body
+        is read until this returns, and not after."""
         if parents is None:
             parents = [None] * len(keys)
-        if not len(keys) == len(bodies) == len(parents):
-            raise ValueError(f"{len(keys)} keys, {len(bodies)} bodies and {len(parents)} parents")
-        return await self._io.run(self._put_many(list(keys), list(bodies), list(parents), ttl, timeout))
+        classes = (list(retention) if retention is not None and not isinstance(retention, str)
+                   else [retention] * len(keys))
+        if not len(keys) == len(bodies) == len(parents) == len(classes):
+            raise ValueError(f"{len(keys)} keys, {len(bodies)} bodies, {len(parents)} parents and "
+                             f"{len(classes)} retention classes")
+        return await self._io.run(self._put_many(list(keys), list(bodies), list(parents), ttl, classes, timeout))
 
     async def _put_many(self, keys: list[str], bodies: list[Payload], parents: list[str | None], ttl: int | None,
-                        timeout: float | None) -> list[PutOutcome]:
+                        classes: list[Retention | None], timeout: float | None) -> list[PutOutcome]:
         return list(await asyncio.gather(*(
-            self.put(k, b, parent=p, ttl=ttl, quiet=True, timeout=timeout)
-            for k, b, p in zip(keys, bodies, parents, strict=True)
+            self.put(k, b, parent=p, ttl=ttl, retention=r, quiet=True, timeout=timeout)
+            for k, b, p, r in zip(keys, bodies, parents, classes, strict=True)
         )))
 
     async def aclose(self) -> None:
@@ -565,6 +591,15 @@ class KvgwClient:
                 total += await self._post_json("touch", "touch", part, parse)
         return total
 
+    async def _hint(self, hint: Hint, keys: list[str]) -> int:
+        for key in keys:
+            _check_key(key)
+        total = 0
+        for _, part in _batches(keys, self.settings.max_keys_per_call):
+            parse = functools.partial(_count_in, "hints", "applied", len(part))
+            total += await self._post_doc("hint", "hints", {"hint": hint.value, "keys": part}, parse)
+        return total
+
     async def _post_json(self, op: str, endpoint: str, keys: list[str], parse: Callable[[object], T]) -> T:
         """POST ``{"keys": keys}``; ``parse`` checks the answer's shape inside the attempt, so a malformed
         answer is counted, logged and trips the circuit like any other failure."""
@@ -620,7 +655,8 @@ class KvgwClient:
             self._log.warning("kvgw %s: no read lease: %s", op, refused)
         return 0
 
-    async def _put(self, key: str, data: Payload, parent: str | None, ttl: int | None) -> PutOutcome:
+    async def _put(self, key: str, data: Payload, parent: str | None, ttl: int | None,
+                   retention: Retention | None) -> PutOutcome:
         _check_key(key)
         views = _payload_views(data)
         length = sum(len(v) for v in views)
@@ -639,6 +675,8 @@ class KvgwClient:
             if ttl <= 0:
                 raise ValueError("ttl must be a positive number of seconds")
             headers[wire.H_TTL] = str(int(ttl))
+        if retention is not None:
+            headers[wire.H_RETENTION] = Retention(retention).value
         url = self._chunk_url(key)
 
         async def attempt() -> PutOutcome:
@@ -653,6 +691,8 @@ class KvgwClient:
                 if resp.status == 200:
                     existed = resp.headers.get(wire.H_EXISTED, "").lower() == "true"
                     return PutOutcome.EXISTED if existed else PutOutcome.STORED
+                if resp.status == 507 and wire.H_DECLINED in resp.headers:
+                    return PutOutcome.DECLINED
                 raise await error_from(resp)
 
         outcome = await self._policy.attempts("put", attempt)

@@ -62,6 +62,7 @@ from kvgw_client.hicache import (
     split_pages,
 )
 from kvgw_client.http import KvgwClient, Payload, PutOutcome
+from kvgw_client.wire import Retention
 
 logger = logging.getLogger(__name__)
 
@@ -184,20 +185,39 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._count("get.hits", sum(ok))
         return ok
 
-    def _store(self, names: list[str], bodies: Sequence[Payload], parents: list[str | None]) -> list[bool]:
+    def _retentions(self, count: int, extra_info: Any) -> list[Retention | None]:
+        """``shared`` for the pages of a run that lie within the first ``shared_prefix_tokens`` tokens of
+        their prompt (a system prompt every request starts with), found from how many pages precede the
+        run (``prefix_keys``); nothing where that is unknown."""
+        limit = self.settings.shared_prefix_tokens
+        prefix_keys = getattr(extra_info, "prefix_keys", None)
+        pool = self.mem_pool_host
+        if not limit or prefix_keys is None or pool is None:
+            return [None] * count
+        page = int(pool.page_size)
+        first = len(prefix_keys)
+        return [Retention.SHARED if (first + i + 1) * page <= limit else None for i in range(count)]
+
+    def _store(self, names: list[str], bodies: Sequence[Payload], parents: list[str | None],
+               retentions: Sequence[Retention | None] | None = None) -> list[bool]:
         """PUT the pages not stored yet, all in flight at once; True where the page is stored."""
         present = [False] * len(names)
         if self.settings.skip_existing:
             present = self._client.blocking.exists(names, quiet=True, timeout=self.settings.lookup_timeout)
         todo = [i for i, p in enumerate(present) if not p]
+        classes = list(retentions) if retentions is not None else [None] * len(names)
+        self._count("set.shared", sum(1 for i in todo if classes[i] is Retention.SHARED))
         outcomes = self._client.io.call(self._client.put_many(
             [names[i] for i in todo], [bodies[i] for i in todo], parents=[parents[i] for i in todo],
-            ttl=self.settings.ttl, timeout=self.settings.io_timeout))
+            ttl=self.settings.ttl, retention=[classes[i] for i in todo], timeout=self.settings.io_timeout))
         ok = list(present)
         for i, outcome in zip(todo, outcomes, strict=True):
+            # DECLINED (admission under pressure) answers True, as a page stored and evicted at once would:
+            # SGLang warns and stops the backup on False, and a later lookup finds the page absent anyway
             ok[i] = outcome is not PutOutcome.FAILED
         self._count("set.pages", len(names))
         self._count("set.existed", len(names) - len(todo))
+        self._count("set.declined", sum(1 for o in outcomes if o is PutOutcome.DECLINED))
         self._count("set.failed", ok.count(False))
         return ok
 
@@ -254,7 +274,7 @@ class KvgwHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             names = [self.name(k) for k in keys]
             parents = self._chain(names, extra_info)
             pages = self._page_views(host_indices, len(keys))
-            ok = self._store(names, pages, parents)
+            ok = self._store(names, pages, parents, self._retentions(len(keys), extra_info))
             self._record("backup", len(keys), sum(sum(len(v) for v in p) for p in pages), started)
             return ok
         except Exception as exc:

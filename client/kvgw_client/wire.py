@@ -21,6 +21,7 @@ its trailer was cut short: treat every frame not fully received as missing.
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,30 @@ H_TIER = "x-kvgw-tier"  # tier a GET/HEAD was served from
 H_REQUEST_ID = "x-kvgw-request-id"
 H_VERIFY = "x-kvgw-verify"  # on GET and batch-get: the client checks each chunk against its checksum itself
 VERIFY_XXH3 = "xxh3"  # the one value of H_VERIFY: the server then sends the bytes unverified (zero-copy)
+H_RETENTION = "x-kvgw-retention"  # a chunk's retention class (``Retention``), on PUT
+H_DECLINED = "x-kvgw-declined"  # on a 507 Declined answer to PUT: admission did not store it (why)
+
+
+class Hint(enum.StrEnum):
+    """What an engine tells kvgw about chunks (``POST /v1/buckets/{bucket}/hints``), so that eviction
+    and admission keep what will be read again. ``docs/lifecycle.md`` says what each engine sends."""
+
+    ENDED = "ended"  # the request that wrote or read them finished (another turn may follow)
+    SESSION_ENDED = "session-ended"  # their session is over: no further turn of it will read them
+    SHARED = "shared"  # retention class: shared by many requests (a system prompt, few-shot examples)
+    NORMAL = "normal"  # retention class: the default
+    ONE_OFF = "one-off"  # retention class: read by one request only (a one-off document)
+    PIN = "pin"  # keep them whatever the policy says (they still count toward the capacity)
+    UNPIN = "unpin"  # undo pin
+
+
+class Retention(enum.StrEnum):
+    """A chunk's retention class, set by ``X-Kvgw-Retention`` on PUT or by a hint."""
+
+    SHARED = "shared"
+    NORMAL = "normal"
+    ONE_OFF = "one-off"
+
 
 BATCH_CONTENT_TYPE = "application/x-kvgw-batch"
 CHUNK_CONTENT_TYPE = "application/octet-stream"
@@ -76,6 +101,7 @@ class ErrorCode:
     INSUFFICIENT_STORAGE = "InsufficientStorage"
     SERVICE_UNAVAILABLE = "ServiceUnavailable"
     INTERNAL_ERROR = "InternalError"
+    DECLINED = "Declined"  # 507 to a PUT: admission under pressure did not store the chunk (not a failure)
 
 
 def encode_key(key: str) -> str:

@@ -14,11 +14,17 @@
     POST   /v1/buckets/{bucket}/changes         {"prefix", "after", "limit"} -> {"changes": [...], "cursor",
                                                  "head", "reset"} (the change stream: gateway.cluster.changes)
     POST   /v1/buckets/{bucket}/damaged         {"keys": [...]} -> {"quarantined": n} (a verifying reader's report)
+    POST   /v1/buckets/{bucket}/hints           {"hint", "keys": [...]} -> {"applied": n} (engine hints)
 
 GET and batch-get from a client that sends ``x-kvgw-verify: xxh3`` (it checks every chunk against its
 checksum, as kvgw's client does) are answered without verifying here: the bytes go from the page
 cache to the socket by ``sendfile`` (``ChunkService.open_info``'s ``reader_verifies``); other readers
 (curl, S3 SDKs) get bytes verified here before the first one leaves.
+
+A PUT may carry ``X-Kvgw-Retention`` (a retention class: ``shared``, ``normal``, ``one-off``). A PUT that
+admission declines (the tier at its watermarks, the chunk predicted to be read again less than what it
+would evict: ``gateway.lifecycle.admission``) answers 507 with code ``Declined`` and
+``X-Kvgw-Declined: <reason>``: nothing was stored, and it is no failure of the gateway.
 
 ``exists``, ``prefix`` and ``locate`` take ``"lease_ms": n`` beside ``keys``: the chunks found are
 read-leased for up to n ms (capped by the bucket's ``max_lease_ms``), so the lifecycle leaves them until
@@ -71,6 +77,7 @@ from gateway.buckets import check_chunk_size
 from gateway.chunks import ChunkBody, ChunkInfo, ChunkLocation
 from gateway.cluster.changes import MAX_CHANGES, ChangeStream
 from gateway.errors import (
+    Declined,
     InternalError,
     InvalidKey,
     InvalidRange,
@@ -81,10 +88,12 @@ from gateway.errors import (
     NotFound,
     PreconditionFailed,
 )
+from gateway.hints import parse_hint, parse_retention
 from gateway.leases import MAX_LEASE_MS, LeaseGrant
 from gateway.service import ChunkService
 from kvgw_client import wire
 from kvgw_client.keys import InvalidKeyError, is_valid_bucket_name, validate_key
+from kvgw_client.wire import Hint
 
 log = logging.getLogger("kvgw.api")
 
@@ -107,6 +116,7 @@ STATUS: dict[type[KvgwError], int] = {
     errors.AccessDenied: 403,
     errors.MethodNotAllowed: 405,
     errors.InsufficientStorage: 507,
+    errors.Declined: 507,  # with X-Kvgw-Declined: admission under pressure, not a failure
     errors.ServiceUnavailable: 503,
     errors.InternalError: 500,
     # raised by the S3 API's uploads and bucket calls only; statuses as S3 answers them
@@ -168,6 +178,7 @@ class NativeAPI:
             "list": self._list,
             "changes": self._changes,
             "damaged": self._damaged,
+            "hints": self._hints,
         }
         # what the lookup lane (``gateway.dataplane.lane``) may answer without an ASGI request cycle
         self._indexed_chunk_handlers: dict[str, IndexedHandler] = {"HEAD": self._head_indexed}
@@ -282,6 +293,7 @@ class NativeAPI:
         md5 = _parse_md5(req.header("content-md5"))
         ttl = parse_ttl(req.header(wire.H_TTL))
         parent = _parse_parent(req.header(wire.H_PARENT))
+        marks = parse_retention(req.header(wire.H_RETENTION))
         check_chunk_size(bucket, length)
         existing = await self.service.lookup_for_write(bucket, key)
         if existing is not None:
@@ -290,9 +302,15 @@ class NativeAPI:
                 raise PreconditionFailed("the key already exists")
             await self._send_existed(req, send, existing, drain_limit=bucket.max_chunk_bytes)
             return
+        try:
+            self.service.admit(bucket, marks)
+        except Declined:
+            await req.drain(bucket.max_chunk_bytes)  # read it all: a client still sending sees the answer
+            raise
         result = await self.service.put(
             bucket, key, req.body(self.body_idle_timeout),
             length=length, checksum=checksum, md5=md5, ttl=ttl, parent=parent, threaded=req.threaded_body(),
+            marks=marks,
         )
         if not result.created:
             await self._send_existed(req, send, result.info, drain_limit=0)
@@ -487,6 +505,14 @@ class NativeAPI:
         await self._send_json(req, send, {"keys": [info.key for info in page.contents],
                                           "truncated": page.truncated})
 
+    async def _hints(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
+        """Engine hints (``gateway.hints``): marks set on the named chunks, for eviction and admission.
+        ``applied``: how many of the keys are stored (the others are ignored)."""
+        bucket = await self._authorized_bucket(req, bucket_name, Action.WRITE)
+        hint, keys = _hints_doc(await req.read_body(MAX_JSON_BYTES))
+        applied = await self.service.hint(bucket, keys, hint)
+        await self._send_json(req, send, {"applied": applied})
+
     async def _changes(self, req: Request, send: Send, bucket_name: str, _: str) -> None:
         """The bucket's changes under a prefix after a cursor (``gateway.cluster.changes``): what other
         clients stored and what the lifecycle removed. ``after`` null: from now on (the answer's cursor
@@ -636,6 +662,19 @@ def _lookup_doc(raw: bytes, *, leasable: bool = True) -> tuple[list[str], int]:
     return keys, lease_ms  # the service validates the keys while it digests them
 
 
+def _hints_doc(raw: bytes) -> tuple[Hint, list[str]]:
+    """The hint and keys of a hints call's body ``{"hint": ..., "keys": [...]}``."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest("request body is not valid JSON") from exc
+    if not isinstance(doc, dict):
+        raise InvalidRequest('body must be {"hint": string, "keys": [string, ...]}')
+    hint = parse_hint(doc.get("hint"))
+    keys, _ = _lookup_doc(raw, leasable=False)
+    return hint, keys
+
+
 def _error_answer(method: str, request_id: str, exc: KvgwError) -> IndexedAnswer:
     """The error answer to a request (no content-length: ``send_response`` adds it, a HEAD has none)."""
     status = status_for(exc)
@@ -644,6 +683,8 @@ def _error_answer(method: str, request_id: str, exc: KvgwError) -> IndexedAnswer
         headers.append((b"www-authenticate", b'Bearer realm="kvgw"'))
     if isinstance(exc, InvalidRange):
         headers.append((b"content-range", f"bytes */{exc.size}".encode()))
+    if isinstance(exc, Declined):
+        headers.append((wire.H_DECLINED.encode(), exc.reason.encode()))
     body = b"" if method == "HEAD" else json_body(
         {"error": {"code": exc.code, "message": exc.message, "request_id": request_id}})
     return IndexedAnswer("error", headers, body, status)

@@ -75,13 +75,15 @@ def trace_gateway(args: argparse.Namespace, capacity_blocks: int) -> Iterator[st
                 env.update(KVGW_S3__ENDPOINT_URL=f"http://127.0.0.1:{s3_port}", KVGW_S3__BUCKET="kvgw-trace",
                            KVGW_S3__ACCESS_KEY="testing", KVGW_S3__SECRET_KEY="testing",
                            KVGW_S3__CREATE_BUCKET="true", KVGW_S3__ADDRESSING_STYLE="path")
-            server = KvgwProcess(work / "data", env=env, log_path=work / "kvgw.log")
+            server = stack.enter_context(KvgwProcess(work / "data", env=env, log_path=work / "kvgw.log"))
+            # after the start: only ``kvgw serve`` makes a data directory; the gateway's catalog refresh
+            # (or the first request naming it) then finds the bucket
             subprocess.run([sys.executable, "-m", "gateway.cli", "bucket", "create", BUCKET,
                             "--data-dir", str(server.data_dir),
                             "--capacity-bytes", str(capacity_blocks * args.block_bytes),
                             "--eviction-policy", args.policy, "--high-watermark", "1.0", "--low-watermark", "0.98"],
                            env=server.environment(), check=True, stdout=subprocess.DEVNULL)
-            yield stack.enter_context(server).url
+            yield server.url
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

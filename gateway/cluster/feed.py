@@ -91,11 +91,12 @@ class Kind(IntEnum):
     QUARANTINED = 15
     READ = 21  # read ``count`` times, last at ``at``
     LINKED = 22  # ``detail`` (a digest) precedes the chunk in its prefix chain
+    MARKED = 23  # engine hints: marks ``count & 0xFF`` set, ``count >> 8`` cleared (backends.index.MARK_*)
 
 
 ADDS = frozenset({Kind.STORED, Kind.PROMOTED, Kind.REPLICATED, Kind.DEMOTED_IN})
 REMOVALS = frozenset({Kind.DELETED, Kind.EVICTED, Kind.EXPIRED, Kind.DEMOTED, Kind.QUARANTINED})
-HINTS = frozenset({Kind.READ, Kind.LINKED})  # for eviction order only: no tier changed
+HINTS = frozenset({Kind.READ, Kind.LINKED, Kind.MARKED})  # for eviction order only: no tier changed
 STORED_KINDS: dict[str, Kind] = {"stored": Kind.STORED, "promoted": Kind.PROMOTED,
                                  "replicated": Kind.REPLICATED, "demoted": Kind.DEMOTED_IN}
 REMOVED_KINDS: dict[str, Kind] = {"deleted": Kind.DELETED, "evicted": Kind.EVICTED, "expired": Kind.EXPIRED,
@@ -179,6 +180,8 @@ def to_change(kind: int, bucket: str, digest: bytes, tier: int, size: int, expir
     """The index change a feed row asks for; None for rows this version does not understand."""
     if kind == Kind.READ:
         return IndexChange(ChangeOp.READ, digest, tier, count=count, at=at)
+    if kind == Kind.MARKED:
+        return IndexChange(ChangeOp.MARK, digest, tier, count=count, at=at)
     if kind == Kind.LINKED:
         if detail is None or len(detail) != 16:
             return None
@@ -256,7 +259,8 @@ class FeedPublisher:
             event.at = self._clock()
         was_empty = not self._queue
         self._queue.append(event)
-        self._changes += 1
+        if event.kind not in HINTS:
+            self._changes += 1
         self._count_pending([event], 1)
         if was_empty or len(self._queue) >= self.batch_events:
             self._wake.set()
@@ -517,6 +521,10 @@ class ClusterEvents:
     def chained(self, bucket: str, digests: list[bytes]) -> None:
         self._local.chained(bucket, digests)
         self._publisher.chained(bucket, digests)
+
+    def marked(self, bucket: str, digest: bytes, set_marks: int, clear_marks: int, now: float) -> None:
+        self._local.marked(bucket, digest, set_marks, clear_marks, now)
+        self._publisher.add(FeedEvent(Kind.MARKED, bucket, digest, 0, at=now, count=set_marks | clear_marks << 8))
 
 
 # -- subscribing -----------------------------------------------------------------------------------

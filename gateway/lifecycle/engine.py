@@ -44,6 +44,7 @@ from gateway.leases import LeaseBook, LeaseUnavailable
 from gateway.lifecycle.index_source import IndexSource
 from gateway.lifecycle.ledgers import Ledgers, UsageSource
 from gateway.lifecycle.policy import Candidate, SampledPolicy
+from gateway.lifecycle.state import PolicyStates
 from gateway.mover import TierMover
 
 log = logging.getLogger("kvgw.lifecycle")
@@ -91,11 +92,14 @@ class LifecycleEngine:
                  usage: UsageSource | None = None, leader: Leader | None = None, leases: LeaseBook | None = None,
                  clock: Callable[[], float] = time.time, interval: float = 1.0, budget: int = 256,
                  replication_concurrency: int = 4, fence_margin: float = 1.0, ghost_history: float = 2.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, states: PolicyStates | None = None,
+                 save_seconds: float = 10.0) -> None:
         """``usage``: what capacity is enforced against (default: the ledgers, i.e. this index);
         ``leader``: the lease (default: always leading); ``ghost_history``: evictions the index remembers,
         as a multiple of the chunks it holds (``default`` learns from chunks that come back); ``leases``:
-        read leases to respect (every removal is claimed there first, and leased chunks are left)."""
+        read leases to respect (every removal is claimed there first, and leased chunks are left);
+        ``states``: where the policies' learnt state is kept (``gateway.lifecycle.state``): loaded before
+        the first eviction of each leadership, saved every ``save_seconds`` while leading and at ``stop``."""
         self._index = index
         self._directory = directory
         self._mover = mover
@@ -118,6 +122,11 @@ class LifecycleEngine:
         self._passing: PassReport | None = None  # the pass running now
         self._waiting: dict[tuple[str, TierId], str] = {}  # (bucket, tier) over its watermark: why it stays
         self._draining: set[tuple[str, TierId]] = set()  # passed the high watermark, not yet down to the low
+        self._states = states
+        self.save_seconds = save_seconds
+        self._restored = False  # this leadership has loaded the learnt state
+        self._saved_at: float | None = None  # when this leadership last saved it (its clock)
+        self._state_error = ""  # the last failure to load or save it (logged once per kind)
         self._lease_trouble = ""  # why the last claim came to nothing
 
     @property
@@ -139,6 +148,46 @@ class LifecycleEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._restored and self.leader.is_leader():  # what this leadership learnt since its last save
+            await self.save_state()
+
+    def state_status(self) -> dict[str, Any]:
+        """Whether this leadership loaded the learnt state, when it last saved it (unix seconds), the
+        last failure to do either."""
+        return {"loaded": self._restored, "saved_at": self._saved_at, "error": self._state_error}
+
+    async def load_state(self) -> bool:
+        """Give the policies what the last leader saved (once per leadership); False if the catalog could
+        not be read (the next pass tries again; the policies meanwhile go on with what they have)."""
+        if self._states is None or self._restored:
+            return True
+        try:
+            saved = await self._states.load()
+        except Exception as exc:
+            self._state_failed("load", exc)
+            return False
+        self._ledgers.restore(saved)
+        self._restored = True
+        return True
+
+    async def save_state(self, now: float | None = None) -> None:
+        """Keep what the policies learnt in the catalog (best effort: a failure is logged once)."""
+        if self._states is None:
+            return
+        try:
+            await self._states.save(self._ledgers.export())
+        except Exception as exc:
+            self._state_failed("save", exc)
+            return
+        self._saved_at = self._clock() if now is None else now
+        self._state_error = ""
+
+    def _state_failed(self, what: str, exc: Exception) -> None:
+        message = f"{what} {type(exc).__name__}: {exc}"
+        if not self._state_error.startswith(what):
+            log.warning("lifecycle: cannot %s the policies' learnt state in the catalog (%s); retrying",
+                        what, message)
+        self._state_error = message
 
     async def _loop(self) -> None:
         while True:
@@ -160,6 +209,7 @@ class LifecycleEngine:
         seen = [observed.popleft() for _ in range(len(observed))]
         budget = self.budget
         if report.leading:
+            await self.load_state()  # before this leadership learns or evicts anything
             await asyncio.to_thread(self._ledgers.learn, seen)
             if self._pressed():
                 with contextlib.suppress(Exception):  # unreachable: go on with the view as it is
@@ -172,9 +222,13 @@ class LifecycleEngine:
                     break
                 budget -= await self._enforce(policy, TierId.FS, policy.capacity_bytes, budget, now, report)
                 budget -= await self._enforce(policy, TierId.S3, policy.s3_capacity_bytes, budget, now, report)
+            if self._states is not None and (self._saved_at is None or now - self._saved_at >= self.save_seconds):
+                await self.save_state(now)
         else:
             self._waiting.clear()
             self._draining.clear()
+            self._restored = False  # a later leadership loads what the leader in between learnt
+            self._saved_at = None
         self._add(self.totals, report)
         self._passing = None
         return report
@@ -347,7 +401,8 @@ class LifecycleEngine:
             batch = await asyncio.to_thread(self._pick, policy, source, min(width, budget - done), excess, leased)
             if not batch:
                 self._waiting[key] = (f"{tier.label} tier at {usage} of {capacity} bytes, over its high watermark, "
-                                      "but this gateway's index holds no chunk of it to evict"
+                                      "but this gateway's index holds no chunk of it it may evict "
+                                      "(none, or only pinned ones)"
                                       + (f" ({len(leased)} read-leased chunks left alone)" if leased else ""))
                 break
             done += len(batch)
@@ -376,7 +431,7 @@ class LifecycleEngine:
                         settle_removed.append(victim.key)
                     if last_copy and self.ghost_history > 0:
                         ghosts.append((victim.key, Ghost(bucket.name, int(tier), entry.size, victim.last_access,
-                                                         victim.hits + victim.returned)))
+                                                         victim.hits + victim.returned, victim.marks)))
                     gone.append((victim, parent, last_copy and self.ghost_history > 0))
                     continue
                 if isinstance(outcome, backend.TierUnavailable):

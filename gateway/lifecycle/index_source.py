@@ -17,7 +17,7 @@ from gateway.lifecycle.policy import Candidate
 def candidate(digest: bytes, entry: IndexEntry, leaf: bool) -> Candidate[bytes]:
     """The policy's view of an index entry."""
     return Candidate(digest, entry.size, entry.created, max(entry.last_access, entry.created), entry.hits, leaf,
-                     entry.returned)
+                     entry.returned, entry.marks)
 
 
 class IndexSource:
@@ -62,6 +62,7 @@ class IndexSource:
         if not drawn:
             return [], 0.0
         each = self._index.ghost_count() / len(drawn)  # ghosts of every bucket and tier were drawn
-        mine = [Candidate(digest, g.size, g.last_access, g.last_access, g.hits)  # hits: returned included
+        # (a ghost's hits include the return that made it returned)
+        mine = [Candidate(digest, g.size, g.last_access, g.last_access, g.hits, marks=g.marks)
                 for digest, g in drawn if g.bucket == self.bucket and g.tier == self.tier]
         return mine, each

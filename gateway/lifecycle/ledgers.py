@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import xxhash
@@ -33,7 +33,8 @@ from backends.index import OBS_READ, ChunkIndex, Observation
 from backends.tiers import TierId
 from gateway.access import Directory
 from gateway.chunks import ChunkInfo, RemovedReason, StoredReason
-from gateway.lifecycle.policy import SampledPolicy, make_policy
+from gateway.lifecycle.policies import POLICIES, make_policy
+from gateway.lifecycle.policy import SampledPolicy
 
 log = logging.getLogger("kvgw.lifecycle")
 
@@ -48,6 +49,14 @@ class UsageSource(Protocol):
     async def refresh(self) -> None:
         """Read the shared state now (the lifecycle calls it after it evicted, before it decides again)."""
         ...
+
+
+def at_low_watermark(usage: UsageSource, bucket: BucketPolicy) -> bool:
+    """Whether the bucket's filesystem tier is at its low watermark or above (it has no room to spare:
+    the lifecycle evicts for every new chunk), as ``usage`` last read it; False without a capacity.
+    Where admission under pressure starts (``ChunkService.admit``)."""
+    capacity = bucket.capacity_bytes
+    return capacity is not None and usage.usage(bucket.name, TierId.FS) >= capacity * bucket.low_watermark
 
 
 class LargerUsage:
@@ -96,6 +105,38 @@ class Ledgers:
     def count(self) -> int:
         """How many (bucket, tier) policies exist."""
         return len(self._policies)
+
+    def status(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Each (bucket, tier) policy's ``status()``, by bucket and tier label."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for (bucket, tier), policy in sorted(self._policies.items()):
+            out.setdefault(bucket, {})[TierId(tier).label] = policy.status()
+        return out
+
+    def export(self) -> list[tuple[str, int, str, Any]]:
+        """What each policy learnt that is worth keeping: (bucket, tier, policy name, state)
+        (``gateway.lifecycle.state``)."""
+        out: list[tuple[str, int, str, Any]] = []
+        for (bucket, tier), policy in sorted(self._policies.items()):
+            state = policy.export()
+            if state is not None:
+                out.append((bucket, int(tier), policy.name, state))
+        return out
+
+    def restore(self, saved: Mapping[tuple[str, int], tuple[str, Any, str]]) -> int:
+        """Hand saved states to the policies of the same name (making them as needed); how many took
+        theirs. A state of another policy than the bucket's current one is left alone."""
+        restored = 0
+        for (bucket, tier), (name, state, member) in sorted(saved.items()):
+            try:
+                policy = self.policy(bucket, TierId(tier))
+            except ValueError:
+                continue
+            if policy.name == name and policy.restore(state):
+                restored += 1
+                log.info("lifecycle: %s (%s tier) goes on from what %s learnt (%s)", bucket, TierId(tier).label,
+                         member or "a previous leader", name)
+        return restored
 
     def _policy_of(self, bucket: str) -> BucketPolicy:
         for policy in self._directory.buckets():
@@ -150,6 +191,9 @@ class Ledgers:
                 info: ChunkInfo | None = None) -> None:
         return None
 
+    def marked(self, bucket: str, digest: bytes, set_marks: int, clear_marks: int, now: float) -> None:
+        return None  # the index holds the marks; the policies read them there
+
     def chained(self, bucket: str, digests: list[bytes]) -> None:
         """A client named these keys in prefix order (prefix / batch-get calls): record the links.
 
@@ -169,4 +213,6 @@ class Ledgers:
 
 
 def _named(policy: SampledPolicy[Any], name: str) -> bool:
-    return policy.name == name or (name == "default" and policy.name == "hit-density")
+    """Whether ``policy`` is the one ``name`` stands for (``default`` is another policy's alias)."""
+    cls = POLICIES.get(name)
+    return policy.name == (cls.name if cls is not None else name)

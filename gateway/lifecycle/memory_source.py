@@ -18,7 +18,14 @@ from collections.abc import Hashable, Sequence
 from itertools import pairwise
 from typing import Generic, TypeVar
 
-from backends.index import OBS_FORGOTTEN, OBS_READ, OBS_RETURNED, OBSERVATIONS_KEPT, Observation
+from backends.index import (
+    MARKS_CLEARED_BY_READ,
+    OBS_FORGOTTEN,
+    OBS_READ,
+    OBS_RETURNED,
+    OBSERVATIONS_KEPT,
+    Observation,
+)
 from gateway.lifecycle.policy import Candidate
 
 K = TypeVar("K", bound=Hashable)
@@ -62,7 +69,8 @@ class MemorySource(Generic[K]):
     def __init__(self, seed: int = 0, *, history: float = 2.0) -> None:
         self.history = history
         self._present: _Bag[K] = _Bag()
-        self._fields: dict[K, tuple[int, float, float, int, bool]] = {}  # size, created, last access, hits, returned
+        # size, created, last access, hits, returned, marks
+        self._fields: dict[K, tuple[int, float, float, int, bool, int]] = {}
         self._parent: dict[K, K] = {}  # present child -> learnt parent
         self._kids: dict[K, set[K]] = {}  # parent (present or not) -> its present children
         self._ghosts: dict[K, Candidate[K]] = {}  # evicted, remembered: the chunk as it was
@@ -78,24 +86,35 @@ class MemorySource(Generic[K]):
 
     # -- changes (what the service and the mover do to the index) -----------------------------------
 
-    def insert(self, key: K, size: int, now: float) -> None:
-        """Store a chunk (a present key is left as it is). One remembered as evicted has returned."""
+    def insert(self, key: K, size: int, now: float, marks: int = 0) -> None:
+        """Store a chunk (a present key is left as it is). One remembered as evicted has returned.
+        ``marks``: the hint marks it is stored with (its retention class)."""
         if key in self._fields:
             return
         ghost = self._ghosts.pop(key, None)
         if ghost is not None:
             self._ghost_keys.discard(key)
             self.observations.append(Observation(OBS_RETURNED, "", 1, ghost.size, ghost.last_access,
-                                                 ghost.hits + ghost.returned, now))
+                                                 ghost.hits + ghost.returned, now, 1, ghost.marks))
         self._present.add(key)
-        self._fields[key] = (size, now, now, 0, ghost is not None)
+        self._fields[key] = (size, now, now, 0, ghost is not None, marks)
 
     def touch(self, key: K, now: float, count: int = 1) -> None:
         fields = self._fields.get(key)
         if fields is not None:
-            size, created, last, hits, returned = fields
-            self.observations.append(Observation(OBS_READ, "", 1, size, last, hits + returned, now, count))
-            self._fields[key] = (size, created, max(last, now), hits + count, returned)
+            size, created, last, hits, returned, marks = fields
+            self.observations.append(Observation(OBS_READ, "", 1, size, last, hits + returned, now, count, marks))
+            if now > last:
+                marks &= ~MARKS_CLEARED_BY_READ
+            self._fields[key] = (size, created, max(last, now), hits + count, returned, marks)
+
+    def mark(self, key: K, set_marks: int, clear_marks: int = 0) -> bool:
+        """An engine hint: set and clear marks of a present chunk (as ``ChunkIndex.mark``)."""
+        fields = self._fields.get(key)
+        if fields is None:
+            return False
+        self._fields[key] = (*fields[:5], (fields[5] & ~clear_marks) | set_marks)
+        return True
 
     def remove(self, key: K) -> None:
         """The chunk is gone (deleted, expired): nothing is remembered."""
@@ -121,7 +140,7 @@ class MemorySource(Generic[K]):
             self._ghost_keys.discard(gone)
             ghost = self._ghosts.pop(gone)
             self.observations.append(Observation(OBS_FORGOTTEN, "", 1, ghost.size, ghost.last_access,
-                                                 ghost.hits + ghost.returned, now))
+                                                 ghost.hits + ghost.returned, now, 1, ghost.marks))
         return key in self._ghosts
 
     def link(self, child: K, parent: K) -> None:
@@ -149,8 +168,8 @@ class MemorySource(Generic[K]):
     # -- ChunkSource ----------------------------------------------------------------------------
 
     def _candidate(self, key: K) -> Candidate[K]:
-        size, created, last, hits, returned = self._fields[key]
-        return Candidate(key, size, created, last, hits, key not in self._kids, returned)
+        size, created, last, hits, returned, marks = self._fields[key]
+        return Candidate(key, size, created, last, hits, key not in self._kids, returned, marks)
 
     def sample(self, count: int) -> list[Candidate[K]]:
         return [self._candidate(k) for k in self._present.pick(self._rng, count)]

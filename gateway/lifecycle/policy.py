@@ -47,8 +47,9 @@ import math
 from collections.abc import Collection, Hashable, Sequence
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
+from backends.index import MARK_ONE_OFF, MARK_PINNED, MARK_SESSION_ENDED
+
 __all__ = [
-    "POLICIES",
     "Candidate",
     "ChunkSource",
     "FIFOPolicy",
@@ -56,8 +57,9 @@ __all__ = [
     "LFUPolicy",
     "LRUPolicy",
     "PrefixLRUPolicy",
+    "ReuseStats",
     "SampledPolicy",
-    "make_policy",
+    "age_bucket",
     "reuse_density",
 ]
 
@@ -75,6 +77,7 @@ class Candidate(NamedTuple, Generic[K]):
     hits: int  # reads since it was stored
     leaf: bool = True  # no later chunk of its learnt prefix chain is held in this tier
     returned: bool = False  # stored again while the source remembered evicting it (a ghost)
+    marks: int = 0  # engine hints (``backends.index.MARK_*``): pinned chunks are never victims
 
 
 class ChunkSource(Protocol[K]):
@@ -126,6 +129,7 @@ class Observed(Protocol):
 
 
 OBS_READ, OBS_RETURNED, OBS_FORGOTTEN = 1, 2, 3  # as in backends.index
+EARLY_MARKS = MARK_SESSION_ENDED | MARK_ONE_OFF  # hinted as read by no one again: evicted right after tails
 
 
 class SampledPolicy(Generic[K]):
@@ -153,6 +157,19 @@ class SampledPolicy(Generic[K]):
         """A read, a return or a forgotten eviction of a chunk of this (bucket, tier)."""
         return None
 
+    def export(self) -> dict[str, Any] | None:
+        """What the policy has learnt, as a JSON-able document to keep in the catalog
+        (``gateway.lifecycle.state``); None: nothing worth keeping (only ``reuse`` keeps its state)."""
+        return None
+
+    def restore(self, doc: Any) -> bool:
+        """Take back what ``export`` wrote (of this policy); False if nothing was taken."""
+        return False
+
+    def status(self) -> dict[str, Any]:
+        """What the admin stats show of the policy (``/v1/admin/stats``, ``lifecycle_policies``)."""
+        return {"policy": self.name}
+
     def _observe_eviction(self, victim: Candidate[K], source: ChunkSource[K], now: float, remembered: bool) -> None:
         return None
 
@@ -166,11 +183,14 @@ class SampledPolicy(Generic[K]):
             self._fill(source, exclude, stuck)
             if pool or not stuck:
                 break
+        held = False  # a walk down a chain ended at a pinned chunk: the chain is no cycle
         if not pool and stuck:  # follow the lowest-ranked few down their chains (each walk reads the index)
             stuck.sort(key=lambda c: self.rank(c, now))
             for c in stuck[: max(1, self.samples // 4)]:
                 leaf = self._descend(source, c)
-                if leaf is not None and leaf.key not in exclude:
+                if leaf is not None and leaf.marks & MARK_PINNED:
+                    held = True
+                elif leaf is not None and leaf.key not in exclude:
                     pool[leaf.key] = leaf
         ranked = sorted(pool.values(), key=lambda c: self.rank(c, now))
         for stale in ranked[self.pool_size :]:
@@ -179,7 +199,8 @@ class SampledPolicy(Generic[K]):
         while ranked:
             best = ranked.pop(0)
             fresh = source.get(best.key)
-            if fresh is None or best.key in exclude or not self._leaf(fresh, source, exclude):
+            if fresh is None or best.key in exclude or fresh.marks & MARK_PINNED or \
+                    not self._leaf(fresh, source, exclude):
                 pool.pop(best.key, None)
                 continue
             if fresh != best:  # read (or re-linked) since it was sampled: rank it again
@@ -190,9 +211,9 @@ class SampledPolicy(Generic[K]):
                     continue
             del pool[best.key]
             return fresh
-        if stuck:  # nothing is a leaf (links form a cycle): progress beats the rule
+        if stuck and not held:  # nothing is a leaf (links form a cycle): progress beats the rule
             return source.get(min(stuck, key=lambda c: self.rank(c, now)).key)
-        return None
+        return None  # (samples of pinned chunks and their chains only also end here: the engine says why it waits)
 
     def evicted(self, victim: Candidate[K], parent: K | None, source: ChunkSource[K], now: float, *,
                 remembered: bool = False) -> None:
@@ -203,7 +224,7 @@ class SampledPolicy(Generic[K]):
         self._observe_eviction(victim, source, now, remembered)
         if self.prefix_aware and parent is not None:
             up = source.get(parent)
-            if up is not None and up.leaf:
+            if up is not None and up.leaf and not up.marks & MARK_PINNED:
                 self._pool[parent] = up
 
     def forget(self, key: K) -> None:
@@ -215,7 +236,7 @@ class SampledPolicy(Generic[K]):
         parent is a leaf once they are gone, so it may follow in the same batch."""
         if self.prefix_aware and parent is not None and parent not in exclude:
             up = source.get(parent)
-            if up is not None and self._leaf(up, source, exclude):
+            if up is not None and not up.marks & MARK_PINNED and self._leaf(up, source, exclude):
                 self._pool[parent] = up
 
     def _leaf(self, c: Candidate[K], source: ChunkSource[K], exclude: Collection[K]) -> bool:
@@ -232,7 +253,7 @@ class SampledPolicy(Generic[K]):
         pool = self._pool
         prefix_aware = self.prefix_aware
         for c in source.sample(self.samples):
-            if c.key in exclude:
+            if c.key in exclude or c.marks & MARK_PINNED:
                 continue
             if prefix_aware and not c.leaf:
                 stuck.append(c)
@@ -241,7 +262,7 @@ class SampledPolicy(Generic[K]):
 
     def _descend(self, source: ChunkSource[K], c: Candidate[K]) -> Candidate[K] | None:
         """Follow ``c``'s chain towards its end, through its least recently used child, until a leaf
-        (at most ``descent`` steps)."""
+        (at most ``descent`` steps). The leaf may be pinned: the caller does not evict it then."""
         for _ in range(self.descent):
             below = None
             for key in source.children(c.key) or ():
@@ -302,9 +323,9 @@ _CLASSES = 2  # classes with statistics (TAIL leaves are simply evicted first)
 
 _PER_OCTAVE = 2
 _BASE_AGE = 0.05  # seconds: ages below this share bucket 0
-_NBUCKETS = 56  # up to 0.05 * 2**28 s (~150 days); older ages share the last bucket
-_LOW = [0.0] + [_BASE_AGE * 2 ** (b / _PER_OCTAVE) for b in range(1, _NBUCKETS + 1)]
-_WIDTH = [_LOW[b + 1] - _LOW[b] for b in range(_NBUCKETS)]
+AGE_BUCKETS = 56  # up to 0.05 * 2**28 s (~150 days); older ages share the last bucket
+_LOW = [0.0] + [_BASE_AGE * 2 ** (b / _PER_OCTAVE) for b in range(1, AGE_BUCKETS + 1)]
+AGE_WIDTH = [_LOW[b + 1] - _LOW[b] for b in range(AGE_BUCKETS)]
 
 _MIN_CLOSED = 32  # intervals a class must have seen end before its density is trusted
 _MIN_AT_RISK = 20  # a bucket's hazard is measured only where this many intervals reached it
@@ -314,13 +335,14 @@ _REFRESH_EVERY = 256  # evictions between two recomputations of the densities
 _WARMUP_TURNOVER = 0.5  # densities are trusted once this many evictions per cached chunk happened
 
 
-def _bucket(age: float) -> int:
+def age_bucket(age: float) -> int:
+    """The logarithmic age bucket (seconds since the last access) reuse statistics are kept in."""
     if age < _BASE_AGE:
         return 0
-    return min(int(math.log2(age / _BASE_AGE) * _PER_OCTAVE) + 1, _NBUCKETS - 1)
+    return min(int(math.log2(age / _BASE_AGE) * _PER_OCTAVE) + 1, AGE_BUCKETS - 1)
 
 
-class _ReuseStats:
+class ReuseStats:
     """Reuse-age statistics of one class and the hit density derived from them.
 
     An interval opens at every access (store or read) of a chunk and closes at its next read or return
@@ -335,17 +357,17 @@ class _ReuseStats:
     __slots__ = ("censored", "closed", "density", "reused")
 
     def __init__(self) -> None:
-        self.reused = [0.0] * _NBUCKETS
-        self.censored = [0.0] * _NBUCKETS
+        self.reused = [0.0] * AGE_BUCKETS
+        self.censored = [0.0] * AGE_BUCKETS
         self.closed = 0.0
         self.density: list[float] | None = None
 
     def close(self, age: float, *, reused: bool, count: float = 1.0) -> None:
-        (self.reused if reused else self.censored)[_bucket(age)] += count
+        (self.reused if reused else self.censored)[age_bucket(age)] += count
         self.closed += count
 
     def refresh(self, opened: list[float]) -> None:
-        self.density, self.closed = reuse_density(self.reused, self.censored, opened, _WIDTH, closed=self.closed,
+        self.density, self.closed = reuse_density(self.reused, self.censored, opened, AGE_WIDTH, closed=self.closed,
                                                   keep=_KEEP_CLOSED)
 
 
@@ -414,7 +436,7 @@ class HitDensityPolicy(SampledPolicy[K]):
     so the policy measures it. Chunks are FRESH (never read), REUSED (read, or stored again after an
     eviction the index remembered: ``returned``) or TAIL (never read and smaller than the largest chunk
     seen: a prompt's partial last block, which only an exact repeat of the prompt can hit). Per class
-    it keeps reuse-age statistics (``_ReuseStats``; ages are seconds since the last access, in
+    it keeps reuse-age statistics (``ReuseStats``; ages are seconds since the last access, in
     logarithmic buckets), fed by reads, returns and evictions, and from them a hit density per age: the
     best, over horizons, of P(read within the horizon | unread so far) over the expected occupancy
     until then. A candidate's rank is that density at its age divided by its size; TAIL leaves rank
@@ -433,7 +455,7 @@ class HitDensityPolicy(SampledPolicy[K]):
                  census: int = 256) -> None:
         super().__init__(samples=samples, pool=pool, rounds=rounds, descent=descent)
         self.census = census
-        self._stats = tuple(_ReuseStats() for _ in range(_CLASSES))
+        self._stats = tuple(ReuseStats() for _ in range(_CLASSES))
         self._largest = 0
         self._evicted = 0
         self._since_refresh = 0
@@ -450,11 +472,13 @@ class HitDensityPolicy(SampledPolicy[K]):
         cls = self.classify(c.size, c.hits + c.returned)
         if cls == TAIL:
             return (-1.0, c.last_access)
+        if c.marks & EARLY_MARKS:
+            return (-0.5, c.last_access)
         if not self._trusted:
             return (0.0, c.last_access)
         density = self._stats[cls].density
         assert density is not None
-        return (0.0, density[_bucket(now - c.last_access)] / max(c.size, 1), c.last_access)
+        return (0.0, density[age_bucket(now - c.last_access)] / max(c.size, 1), c.last_access)
 
     def learn(self, observed: Observed) -> None:
         cls = self.classify(observed.size, observed.hits)
@@ -483,7 +507,7 @@ class HitDensityPolicy(SampledPolicy[K]):
     def refresh(self, source: ChunkSource[K], now: float) -> None:
         """Recompute the densities, with the open intervals estimated from a census of the source."""
         self._since_refresh = 0
-        opened = [[0.0] * _NBUCKETS for _ in range(_CLASSES)]
+        opened = [[0.0] * AGE_BUCKETS for _ in range(_CLASSES)]
         cached, weight = source.census(self.census)
         held = len(cached) * weight
         ghosts, ghost_weight = source.ghost_census(self.census)
@@ -491,27 +515,8 @@ class HitDensityPolicy(SampledPolicy[K]):
             for c in sample:
                 cls = self.classify(c.size, c.hits + c.returned)
                 if cls != TAIL:
-                    opened[cls][_bucket(now - c.last_access)] += each
+                    opened[cls][age_bucket(now - c.last_access)] += each
         for stats, open_ in zip(self._stats, opened, strict=True):
             stats.refresh(open_)
         self._trusted = (self._evicted >= _WARMUP_TURNOVER * held
                          and all(s.density is not None for s in self._stats))
-
-
-POLICIES: dict[str, type[SampledPolicy[Any]]] = {
-    "lru": LRUPolicy,
-    "fifo": FIFOPolicy,
-    "lfu": LFUPolicy,
-    "prefix-lru": PrefixLRUPolicy,
-    "hit-density": HitDensityPolicy,
-    "default": HitDensityPolicy,
-}
-
-
-def make_policy(name: str, **options: int) -> SampledPolicy[Any]:
-    """Build the policy registered under ``name`` (``default`` included); KeyError names the choices."""
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise KeyError(f"unknown eviction policy {name!r}; choose one of {sorted(POLICIES)}") from None
-    return cls(**options)

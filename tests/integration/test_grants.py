@@ -109,6 +109,18 @@ def test_write_does_not_imply_delete(gateway: ServerProcess, stored: list[str]) 
         assert root.post("/exists", json={"keys": stored}).json() == {"exists": [True] * 4}
 
 
+def test_hints_need_a_write_grant(gateway: ServerProcess, stored: list[str]) -> None:
+    ak, sk = credential(gateway)  # read only
+    with native(gateway, ak, sk) as http:
+        refused = http.post("/hints", json={"hint": "pin", "keys": stored})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "AccessDenied"
+        assert http.post("/exists", json={"keys": stored}).status_code == 200
+    ak, sk = credential(gateway, "--write")
+    with native(gateway, ak, sk) as http:
+        assert http.post("/hints", json={"hint": "pin", "keys": stored}).json() == {"applied": 4}
+        assert http.post("/hints", json={"hint": "unpin", "keys": stored}).json() == {"applied": 4}
+
+
 def test_a_delete_grant_deletes(gateway: ServerProcess, stored: list[str]) -> None:
     ak, sk = credential(gateway, "--write", "--delete")
     client = s3(gateway, ak, sk)

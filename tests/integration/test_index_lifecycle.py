@@ -5,11 +5,13 @@ of write, and built once for an index written before them."""
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import lmdb
 
 from backends.index import (
+    MARK_SHARED,
     OBS_FORGOTTEN,
     OBS_READ,
     OBS_RETURNED,
@@ -166,7 +168,7 @@ async def test_ghosts_mark_returning_chunks_and_are_bounded(tmp_path: Path) -> N
         await index.put(d("k0"), entry("k0", created=1800.0))
         got = index.get(d("k0"))
         assert got is not None and got.returned and index.ghost_count() == 0
-        assert list(index.observations) == [(OBS_RETURNED, "kvcache", FS, 10, 1500.0, 2, 1800.0, 1)]
+        assert list(index.observations) == [(OBS_RETURNED, "kvcache", FS, 10, 1500.0, 2, 1800.0, 1, 0)]
         # at most keep x indexed chunks are remembered; the rest are forgotten at random, observed
         index.observations.clear()
         ghosts = [(d(f"g{i}"), Ghost("kvcache", FS, 10, 1000.0 + i, 0)) for i in range(40)]
@@ -187,9 +189,9 @@ async def test_reads_leave_observations_of_the_entry_before_the_read(tmp_path: P
         index.touch(d("a"), 1100.0)
         index.touch(d("a"), 1200.0)
         await index.flush()
-        assert list(index.observations) == [(OBS_READ, "kvcache", FS, 64, 1000.0, 0, 1200.0, 2)]
+        assert list(index.observations) == [(OBS_READ, "kvcache", FS, 64, 1000.0, 0, 1200.0, 2, 0)]
         await index.apply_changes([IndexChange(ChangeOp.READ, d("a"), FS, count=3, at=1300.0)], "feed", 1)
-        assert index.observations[-1] == (OBS_READ, "kvcache", FS, 64, 1200.0, 2, 1300.0, 3)
+        assert index.observations[-1] == (OBS_READ, "kvcache", FS, 64, 1200.0, 2, 1300.0, 3, 0)
         got = index.get(d("a"))
         assert got is not None and (got.last_access, got.hits) == (1300.0, 5)
     finally:
@@ -212,5 +214,25 @@ async def test_an_index_from_before_the_derived_databases_is_brought_up_to_date(
         assert index.usage("kvcache", FS) == (150, 2)
         assert index.due(6000.0, 10) == [(5000.0, d("a"))]
         assert index.candidate(d("a"), FS) == (entry("a", 100, expires=5000.0), False)
+    finally:
+        index.close()
+
+
+async def test_ghosts_of_layout_2_have_no_marks_and_are_forgotten_on_upgrade(tmp_path: Path) -> None:
+    index = ChunkIndex(tmp_path / "idx")
+    await index.put(d("a"), entry("a", 100))
+    index.close()
+    env = lmdb.open(str(tmp_path / "idx"), max_dbs=16)  # layout 2 wrote ghosts without a marks byte
+    with env.begin(write=True) as txn:
+        old = struct.pack("<dQIB", 1.0, 10, 0, FS) + b"kvcache"
+        txn.put(d("gone"), old, db=env.open_db(b"ghosts", txn=txn))
+        txn.put(b"layout", b"2", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    index = ChunkIndex(tmp_path / "idx")
+    try:
+        assert index.ghost_count() == 0
+        assert index.usage("kvcache", FS) == (100, 1)  # the rest is kept as it was, not rebuilt
+        await index.remember([(d("g"), Ghost("kvcache", FS, 10, 1.0, 0, MARK_SHARED))], keep=2.0)
+        assert index.sample_ghosts(5, os.urandom(16)) == [(d("g"), Ghost("kvcache", FS, 10, 1.0, 0, MARK_SHARED))]
     finally:
         index.close()

@@ -14,6 +14,7 @@ from backends.tiers import TierId
 from gateway.config import load_settings
 from gateway.runtime import Gateway
 from kvgw_client.keys import chunk_digest
+from kvgw_client.wire import Hint
 from tests.conftest import wait_for_async
 
 
@@ -167,6 +168,31 @@ async def test_prefix_aware_policy_never_evicts_a_chunk_with_a_cached_descendant
         await gateway.stop()
 
 
+@pytest.mark.parametrize("policy", ["lru", "default"])
+async def test_pinned_chunks_stay_and_a_tier_of_pinned_chunks_says_so(
+    gateway: Gateway, clock: Clock, policy: str
+) -> None:
+    await start(gateway)
+    try:
+        bucket = await make_bucket(gateway, f"p-{policy}", policy)
+        await fill(gateway, clock, bucket, "abcdefghi")
+        assert await gateway.service.hint(bucket, list("abcdefg"), Hint.PIN) == 7
+        await fill(gateway, clock, bucket, "j")
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 2
+        assert survivors(gateway, bucket, "abcdefghij") == "abcdefgj"  # h and i, not the older pinned ones
+        await fill(gateway, clock, bucket, "kl")  # over the high mark again, and k and l pinned too
+        assert await gateway.service.hint(bucket, ["k", "l"], Hint.PIN) == 2
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 1 and survivors(gateway, bucket, "abcdefgjkl") == "abcdefgkl"
+        assert "only pinned ones" in gateway.lifecycle.waiting[bucket.name]  # 9000 bytes, all pinned
+        assert await gateway.service.hint(bucket, ["a"], Hint.UNPIN) == 1
+        report = await gateway.lifecycle.run_pass()
+        assert report.evicted == 1 and survivors(gateway, bucket, "abcdefgkl") == "bcdefgkl"
+    finally:
+        await gateway.stop()
+
+
 async def test_chains_learnt_from_prefix_calls(gateway: Gateway, clock: Clock) -> None:
     await start(gateway)
     try:
@@ -200,6 +226,44 @@ async def test_engine_state_is_rebuilt_from_the_index_at_start(tmp_path: Path, c
         await fill(second, clock, bucket, "j")
         await second.lifecycle.run_pass()
         assert survivors(second, bucket, "abcdefghij") == "adefghij"
+    finally:
+        await second.stop()
+        second.close()
+
+
+async def test_what_reuse_learnt_survives_a_restart(tmp_path: Path, clock: Clock) -> None:
+    """The leader keeps the policy's learnt state in the catalog (``policy_state``); after a restart the
+    policy goes on from it (trusted at once) instead of starting over as prefix-LRU."""
+    settings = load_settings(data_dir=tmp_path / "data", lifecycle_interval=3600.0, fsync=False)
+    first = Gateway(settings, clock=clock)
+    await start(first)
+    bucket = await make_bucket(first, "b-learnt", "reuse", capacity=40_000)
+    hot = [f"hot{i}" for i in range(15)]
+    for _ in range(20):  # a hot set read every round, and a stream of chunks never read again
+        for key in hot:  # as an engine does: a hit is read, a miss recomputed and stored
+            clock.now += 1
+            if await first.service.lookup(bucket, key) is None:
+                await put(first, bucket, key)
+            else:
+                await read(first, clock, bucket, [key])
+        for _ in range(20):
+            clock.now += 1
+            await put(first, bucket, f"cold{clock.now}")
+        await first.index.flush()
+        await first.lifecycle.run_pass()
+    learnt = first.ledgers.status()["b-learnt"]["fs"]
+    assert learnt["trusted"] and not learnt["restored"], learnt
+    await first.stop()  # saves what was learnt since the last pass
+    state = first.ledgers.export()
+    first.close()
+
+    second = Gateway(settings, clock=clock)
+    await start(second)
+    try:
+        await second.lifecycle.run_pass()
+        status = second.ledgers.status()["b-learnt"]["fs"]
+        assert status == {**learnt, "restored": True}
+        assert second.ledgers.export() == state
     finally:
         await second.stop()
         second.close()

@@ -20,6 +20,7 @@ FAMILIES = {
     "kvgw_lookup_keys", "kvgw_tier_usage_bytes", "kvgw_tier_chunks", "kvgw_tier_capacity_bytes",
     "kvgw_lifecycle_chunks", "kvgw_promotions", "kvgw_moved_bytes", "kvgw_write_through_backlog",
     "kvgw_chunks_indexed", "kvgw_threaded_receives", "kvgw_retried_requests", "kvgw_event_loop_stalls",
+    "kvgw_admission",
 }
 
 

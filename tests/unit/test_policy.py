@@ -8,14 +8,16 @@ chunks, never from a chain's middle.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
 import pytest
 
+from backends.index import MARK_ONE_OFF, MARK_PINNED, MARK_SESSION_ENDED, MARK_SHARED
 from gateway.lifecycle.memory_source import MemorySource
+from gateway.lifecycle.policies import POLICIES, make_policy
 from gateway.lifecycle.policy import (
-    POLICIES,
     Candidate,
     FIFOPolicy,
     HitDensityPolicy,
@@ -23,8 +25,8 @@ from gateway.lifecycle.policy import (
     LRUPolicy,
     PrefixLRUPolicy,
     SampledPolicy,
-    make_policy,
 )
+from gateway.lifecycle.policy_reuse import ReusePolicy
 
 ALL = sorted(POLICIES)
 PREFIX_AWARE = ["prefix-lru", "hit-density", "default"]
@@ -214,6 +216,58 @@ def test_hit_density_learns_to_keep_reused_chunks_over_one_offs() -> None:
 
     assert hot_hit_rate(LRUPolicy()) == 0.0
     assert hot_hit_rate(HitDensityPolicy()) > 0.8
+    assert hot_hit_rate(ReusePolicy()) > 0.8
+
+
+def _trained_reuse_policy(marks: int = 0) -> tuple[ReusePolicy[int], MemorySource[int], float]:
+    """A ``reuse`` policy that has learnt on the hot set / one-off stream above (writes with ``marks``)."""
+    policy: ReusePolicy[int] = ReusePolicy()
+    source: MemorySource[int] = MemorySource(seed=2)
+    cold, now = 10_000, 0.0
+    for _ in range(30):
+        for key in range(60):
+            now += 1.0
+            if key in source:
+                source.touch(key, now)
+            else:
+                _store(policy, source, key, now)
+        for _ in range(100):
+            now += 1.0
+            cold += 1
+            if len(source) >= 100:
+                evict(policy, source, now)
+            source.insert(cold, 1, now, marks)
+    return policy, source, now
+
+
+def test_reuse_policy_state_survives_export_and_restore_through_json() -> None:
+    policy, source, now = _trained_reuse_policy()
+    state = policy.export()
+    assert state is not None and state["trusted"] and state["policy"] == "reuse"
+    again: ReusePolicy[int] = ReusePolicy()
+    assert again.restore(json.loads(json.dumps(state)))
+    assert again.export() == state
+    sample = source.census(100)[0]
+    assert [again.rank(c, now) for c in sample] == [policy.rank(c, now) for c in sample]
+    fresh: ReusePolicy[int] = ReusePolicy()
+    assert {fresh.rank(c, now)[0] for c in sample} <= {0.0, -1.0}  # untrained: prefix-LRU order
+
+
+@pytest.mark.parametrize("bad", [None, {}, {"policy": "hit-density", "version": 1}, {"policy": "reuse", "version": 99},
+                                 {"policy": "reuse", "version": 1, "fine": [], "coarse": []}, "text"])
+def test_reuse_policy_refuses_state_of_another_kind(bad: object) -> None:
+    policy: ReusePolicy[int] = ReusePolicy()
+    before = policy.export()
+    assert not policy.restore(bad)
+    assert policy.export() == before
+
+
+def test_reuse_policy_learns_hinted_classes_apart() -> None:
+    """Chunks written with a hint are a class of their own: here the never-read stream is written as
+    ``shared`` (the hint lies) and the hot set without: the hinted class learns it is read never."""
+    policy, _, _ = _trained_reuse_policy(marks=MARK_SHARED)
+    assert policy._fine[1].density is not None and policy._fine[0].density is not None
+    assert policy.density(1, 10.0) < policy.density(0, 10.0) / 10
 
 
 def test_hit_density_evicts_partial_tails_first() -> None:
@@ -289,9 +343,51 @@ def test_excluded_keys_are_never_victims(name: str) -> None:
     assert policy.victim(source, 10.0, exclude=set("abcdef")) is None
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_pinned_chunks_are_never_victims(name: str) -> None:
+    source = filled("abcdef")
+    source.link_chain("ab")  # b is a's only child: pinning b keeps a too (a is never a leaf)
+    for key in "bde":
+        source.mark(key, MARK_PINNED)
+    policy = make_policy(name)
+    victim = policy.victim(source, 10.0)  # now in the pool: pinned before it is taken, it is passed over
+    assert victim is not None and victim.key in "acf"
+    policy._pool[victim.key] = victim
+    source.mark(victim.key, MARK_PINNED)
+    free = {"c", "f"} if policy.prefix_aware else {"a", "c", "f"}
+    assert sorted(order_while(policy, source)) == sorted(free - {victim.key})
+    for key in {"b", victim.key}:
+        source.mark(key, 0, MARK_PINNED)
+    assert sorted(order_while(policy, source)) == sorted({"a", "b", victim.key})
+    assert sorted(source._fields) == ["d", "e"] and policy.victim(source, 11.0) is None
+
+
+def order_while(policy: SampledPolicy[Any], source: MemorySource[Any]) -> list[Any]:
+    """Evict until the policy finds nothing it may evict."""
+    out: list[Any] = []
+    while policy.victim(source, 1e6) is not None:
+        out.append(evict(policy, source))
+    return out
+
+
+@pytest.mark.parametrize("name", ["hit-density", "default"])
+def test_session_ended_and_one_off_chunks_go_right_after_partial_tails(name: str) -> None:
+    source: MemorySource[str] = MemorySource(seed=1)
+    source.insert("full", 512, 1.0)
+    source.insert("tail", 100, 2.0)  # smaller than the largest seen: a partial tail
+    source.insert("ended", 512, 3.0)
+    source.insert("doc", 512, 4.0, marks=MARK_ONE_OFF)
+    source.insert("old", 512, 0.5)
+    source.mark("ended", MARK_SESSION_ENDED)
+    source.insert("read", 512, 5.0)
+    source.mark("read", MARK_SESSION_ENDED)
+    source.touch("read", 6.0)  # read after its session ended: the mark is gone
+    assert order(make_policy(name), source) == ["tail", "ended", "doc", "old", "full", "read"]
+
+
 def test_registry() -> None:
-    assert {"lru", "fifo", "lfu", "prefix-lru", "default"} <= set(POLICIES)
-    assert isinstance(make_policy("default"), HitDensityPolicy)
+    assert {"lru", "fifo", "lfu", "prefix-lru", "hit-density", "reuse", "default"} <= set(POLICIES)
+    assert isinstance(make_policy("default"), ReusePolicy)
     for name in ALL:
         assert make_policy(name).name == POLICIES[name].name
     with pytest.raises(KeyError, match="lru"):

@@ -18,9 +18,13 @@ import pytest
 
 from gateway.bench.trace_sim import (
     TraceRequest,
+    capacity_at_lru_fraction,
     load_trace,
     main,
+    make_sim_policy,
     next_uses,
+    qa_params,
+    qa_requests,
     run_sim,
     simulate,
     simulate_belady,
@@ -107,6 +111,52 @@ def test_belady_skips_a_newcomer_needed_last() -> None:
     assert simulate(trace, LRUPolicy(), 1).hit_blocks == 0
 
 
+def test_the_second_half_is_scored_on_a_cache_the_first_half_warmed() -> None:
+    trace = [req([1]), req([2]), req([1]), req([2])]  # the second half hits everything, the first nothing
+    res = simulate(trace, LRUPolicy(), 2)
+    assert res.hit_rate == pytest.approx(0.5) and res.second_half == pytest.approx(1.0)
+    assert (res.late_hit_tokens, res.late_total_tokens) == (1024, 1024)
+    assert simulate_belady(trace, 1).second_half == pytest.approx(0.5)
+
+
+def test_the_session_ended_hint_makes_the_ended_session_go_first() -> None:
+    """Session B, then session A (its last request), fill a cache of six; a new session C needs two
+    blocks. Without the hint the policy takes B's older tail; with it A's, and B's next turn hits whole."""
+    trace = [TraceRequest(0.0, 1536, (4, 5, 6), 1), TraceRequest(1.0, 1536, (1, 2, 3), 0, True),
+             TraceRequest(2.0, 1024, (7, 8), 2), TraceRequest(3.0, 1536, (4, 5, 6), 1)]
+    for hints, hit in ((False, 512), (True, 1536)):
+        res = simulate(trace, make_sim_policy("reuse"), 6, hints=hints)
+        assert res.hit_tokens == hit
+
+
+def test_leader_changes_keep_only_what_reuse_exports() -> None:
+    trace = [req([i % 4, 10 + i % 4], ts=float(i)) for i in range(400)]
+    for name in ("reuse", "default", "lru"):
+        once = simulate_named(trace, name, 8, leader_changes=0)
+        moved = simulate_named(trace, name, 8, leader_changes=3)
+        assert moved.hit_rate == once.hit_rate > 0.9  # (all fits: a new leader changes nothing)
+
+
+def test_the_qa_workload_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    params = ["users=4", "rounds=5", "total_users=8", "history_tokens=3000", "qps=2.0"]
+    assert main(["--qa", "--qa-param", *params, "--policy", "reuse", "--lru-fraction", "0.5", "--hints",
+                 "--capacity-tokens", "100000"]) == 0
+    printed = capsys.readouterr().out
+    assert "multi-round QA workload: users=4, rounds=5" in printed
+    assert "exact LRU reaches 50% of its uncapped hit rate at" in printed
+    assert "second half (first half warms)" in printed and "with session-ended hints" in printed
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        main(["--qa", "--qa-param", "colour=red", "--capacity-tokens", "1000"])
+
+
+def test_the_capacity_at_half_of_lrus_uncapped_hit_rate() -> None:
+    trace = qa_requests(qa_params(["users=3", "rounds=4", "total_users=6", "history_tokens=2000"]))
+    cap = capacity_at_lru_fraction(trace, 0.5)
+    uncapped = simulate_named(trace, "exact-lru", 10_000).hit_rate
+    assert simulate_named(trace, "exact-lru", cap // 512).hit_rate >= 0.5 * uncapped
+    assert simulate_named(trace, "exact-lru", cap // 512 - 1).hit_rate < 0.5 * uncapped
+
+
 def test_run_sim_and_cli_on_a_small_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.jsonl"
     lines = [{"timestamp": i * 10, "input_length": 1000, "hash_ids": [0, 1 + i % 3]} for i in range(30)]
@@ -156,6 +206,20 @@ def test_matches_reference(trace: str, policy: str) -> None:
         got = simulate_named(_trace(trace), policy, cap // 512, _uses(trace)).hit_rate
         want = ref[trace, REFERENCE_NAMES[policy], cap]
         assert got == pytest.approx(want, abs=TOLERANCE), f"{policy} at {cap} tokens on {trace}"
+
+
+@needs_traces
+@pytest.mark.parametrize("trace", TRACES)
+def test_second_halves_match_the_warm_reference(trace: str) -> None:
+    """The second-half score is the reference's warm50 (the first half of the requests only warms)."""
+    data = json.loads((TRACES_DIR / "hitrate_reference_warm50.json").read_text())
+    warm = {(t["trace"], r["policy"], int(r["capacity_tokens"])): r["prefix_token"]
+            for t in data["traces"] for r in t["results"]}
+    for policy in ("exact-lru", "exact-prefix-lru"):  # (the warm reference has no Belady)
+        for cap in (1_000_000, 3_000_000, 10_000_000):
+            got = simulate_named(_trace(trace), policy, cap // 512, _uses(trace)).second_half
+            want = warm[trace, REFERENCE_NAMES[policy], cap]
+            assert got == pytest.approx(want, abs=TOLERANCE), f"{policy} at {cap} tokens on {trace}"
 
 
 # The engine's sampled policies against the exact ones, at the capacities that matter most: sampling

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -69,6 +70,7 @@ from kvgw_client.config import ClientSettings, SettingsReader, credentials_from_
 from kvgw_client.framing import BatchItem, Destination, byte_view
 from kvgw_client.http import KvgwClient, Payload, PutOutcome
 from kvgw_client.prefetch import Prefetcher
+from kvgw_client.wire import Hint, Retention
 
 try:  # LMCache 0.5.7 moved the in-process protocol under lmcache.inprocess
     from lmcache.inprocess.v1.protocol import RemoteMetadata
@@ -158,6 +160,33 @@ class ConnectorSettings:
         if settings.prefetch_bytes < 0 or settings.lookup_timeout <= 0:
             raise ValueError("prefetch_bytes must be >= 0 and lookup_timeout_s > 0")
         return settings
+
+
+RETENTION_CONFIG = "lmcache.kvgw.retention"
+"""A request config (vLLM: ``kv_transfer_params``) naming the retention class of the chunks a request
+stores: ``shared``, ``normal`` or ``one-off`` (``X-Kvgw-Retention``)."""
+SESSION_END_CONFIG = "lmcache.kvgw.session_end"
+"""A request config saying the request is its session's last turn: the chunks it stores are written
+``one-off`` (unless it names a retention class) and the ones it loads get the ``session-ended`` hint."""
+
+
+def request_hints(keys: Sequence[CacheEngineKey]) -> tuple[Retention | None, bool]:
+    """The retention class and whether the session ends, from the request configs LMCache keeps with a
+    request's keys (``CacheEngineKey.request_configs``: every ``lmcache.*`` entry of vLLM's
+    ``kv_transfer_params``; they do not change a key's identity). Unknown values count as absent."""
+    configs = getattr(keys[0], "request_configs", None) if keys else None
+    if not isinstance(configs, Mapping):
+        return None, False
+    ended = configs.get(SESSION_END_CONFIG)
+    session_end = ended is True or str(ended).strip().lower() in ("1", "true", "yes")
+    retention: Retention | None = None
+    named = configs.get(RETENTION_CONFIG)
+    if named is not None:
+        with contextlib.suppress(ValueError):
+            retention = Retention(str(named).strip().lower())
+    if retention is None and session_end:
+        retention = Retention.ONE_OFF
+    return retention, session_end
 
 
 def _is_health_probe_key(key: CacheEngineKey) -> bool:
@@ -467,6 +496,11 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         return True
 
     async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        objs = await self._batched_get(keys)
+        self._session_ended(keys, [obj is not None for obj in objs])
+        return objs
+
+    async def _batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
         if not keys:
             return []
         names = [self._key(k) for k in keys]
@@ -561,11 +595,15 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
         name = self._key(key, write=True)
         ttl = PROBE_TTL_S if _is_health_probe_key(key) else self.settings.ttl
+        retention, _ = request_hints([key])
         outcome = await self._client.put(
-            name, self._body(memory_obj), parent=self._parents.parent(name), ttl=ttl, quiet=True
+            name, self._body(memory_obj), parent=self._parents.parent(name), ttl=ttl, retention=retention,
+            quiet=True,
         )
         if outcome is PutOutcome.FAILED:
             self.count("put_failed")
+        elif outcome is PutOutcome.DECLINED:  # not stored, and no failure: LMCache recomputes it if asked
+            self.count("put_declined")
 
     def support_batched_put(self) -> bool:
         return True
@@ -575,10 +613,25 @@ class KvgwConnector(RemoteConnector):  # type: ignore[misc]
         parents = self._parents.parents_of_run(names)
         self._parents.learn(names)
         bodies = [self._body(obj) for obj in memory_objs]
-        outcomes = await self._client.put_many(names, bodies, parents=parents, ttl=self.settings.ttl)
+        retention, _ = request_hints(keys)
+        outcomes = await self._client.put_many(names, bodies, parents=parents, ttl=self.settings.ttl,
+                                               retention=retention)
         failed = sum(1 for o in outcomes if o is PutOutcome.FAILED)
         if failed:
             self._client.counters.add("lmcache.put_failed", failed)
+        declined = sum(1 for o in outcomes if o is PutOutcome.DECLINED)
+        if declined:
+            self._client.counters.add("lmcache.put_declined", declined)
+
+    def _session_ended(self, keys: Sequence[CacheEngineKey], loaded: Sequence[bool]) -> None:
+        """A session's last turn loaded these chunks: tell the gateway, in the background (a hint lost
+        costs hit rate, never data), once the loads are done (a read after the hint would clear it)."""
+        if not keys or not request_hints(keys)[1]:
+            return
+        names = [self._key(k) for k, ok in zip(keys, loaded, strict=True) if ok]
+        if names:
+            self.count("session_end_hints")
+            self._client.spawn(self._client.hint(Hint.SESSION_ENDED, names, quiet=True))
 
     # ------------------------------------------------------------------ the rest
 

@@ -272,8 +272,13 @@ class KvgwNativeClient:
                 for key, view in zip(keys, views, strict=True)
             )
         )
-        stored = [o is not PutOutcome.FAILED for o in outcomes]
-        ok = all(stored)
+        # a DECLINED key is not stored but no failure: the task stays ok (LMCache 0.5.6's native wrapper has
+        # no per-key store result, so it books the key as stored; its next lookup finds it absent)
+        stored = [o is PutOutcome.STORED or o is PutOutcome.EXISTED for o in outcomes]
+        ok = not any(o is PutOutcome.FAILED for o in outcomes)
+        declined = sum(1 for o in outcomes if o is PutOutcome.DECLINED)
+        if declined:
+            self._client.counters.add("l2.put_declined", declined)
         return ok, "" if ok else "kvgw put failed", stored
 
     async def _delete(self, keys: list[str]) -> _Outcome:

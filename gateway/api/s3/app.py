@@ -82,6 +82,7 @@ DOMAIN_CODES: dict[type[KvgwError], str] = {
     errors.Unauthorized: "AccessDenied",
     errors.AccessDenied: "AccessDenied",
     errors.InsufficientStorage: "ServiceUnavailable",
+    errors.Declined: "ServiceUnavailable",  # S3 writes are never declined (gateway.lifecycle.admission)
     errors.ServiceUnavailable: "ServiceUnavailable",
     errors.InternalError: "InternalError",
     errors.NoSuchUpload: "NoSuchUpload",

@@ -19,7 +19,9 @@ from typing import Any
 
 import httpx
 
+from backends.index import MARK_PINNED, MARK_SHARED
 from tests.conftest import REPO, ServerProcess, wait_for
+from tests.index_view import IndexView
 from tests.integration.cluster.conftest import Launch
 
 
@@ -104,6 +106,28 @@ def test_a_delete_is_absent_on_every_gateway_within_the_feed_lag(launch: Launch)
         feed = _feed(server)
         assert feed["listening"] is True
         assert feed["lag_samples"] >= 30 and feed["lag_p99_ms"] < 1000, feed  # issue 11: p99 within 1 s
+
+
+def test_hints_given_to_one_gateway_mark_the_chunk_in_every_index(launch: Launch) -> None:
+    """What the lifecycle leader ranks by is its own index: a hint or a retention class given to any
+    gateway reaches it through the feed (``Kind.MARKED``)."""
+    a, b = launch("a"), launch("b")
+    with _client(a) as ca:
+        shared = {"X-Kvgw-Retention": "shared"}
+        assert ca.put(a.chunk_url("sys"), content=b"s" * 1000, headers=shared).status_code == 201
+        assert ca.put(a.chunk_url("doc"), content=b"d" * 1000).status_code == 201
+    wait_for(lambda: len(_listed(b, "")) >= 2, "the feed delivered the writes")
+    with _client(b) as cb:
+        assert cb.post("/v1/buckets/kvcache/hints", json={"hint": "pin", "keys": ["doc", "absent"]}).json() == {
+            "applied": 1}
+    view_a, view_b = IndexView(a.data_dir), IndexView(b.data_dir)
+    try:
+        wait_for(lambda: (e := view_a.entry("doc")) is not None and e.marks == MARK_PINNED, "the pin reached a")
+        wait_for(lambda: (e := view_b.entry("sys")) is not None and e.marks == MARK_SHARED, "the class reached b")
+    finally:
+        view_a.close()
+        view_b.close()
+    assert _feed(a)["read_failures"] == 0
 
 
 def test_an_eviction_on_one_gateway_is_absent_on_the_others(launch: Launch, cluster_env: dict[str, str]) -> None:

@@ -130,6 +130,49 @@ def test_killing_the_leader_hands_the_lifecycle_to_another_gateway(
     assert _stats(successor)["lifecycle"]["evicted"] > 0
 
 
+def test_a_new_leader_goes_on_from_what_the_killed_one_learnt(
+        launch: Launch, cluster_env: dict[str, str]) -> None:
+    """Issue 33: the leader keeps what ``reuse`` learnt in the catalog (``policy_state``, every 0.5 s
+    here); SIGKILL it, and the gateway that takes the lease starts from that state, trusted at once."""
+    one = {**FAST, "KVGW_WORKERS": "1", "KVGW_LIFECYCLE_LEASE_SECONDS": "5",
+           "KVGW_LIFECYCLE_STATE_SAVE_SECONDS": "0.5"}
+    servers = {name: launch(name, **one) for name in ("a", "b")}
+    _make_bucket(cluster_env, servers["a"], "learn", "--capacity-bytes", str(100 * 4096), "--eviction-policy",
+                 "reuse")
+    wait_for(lambda: len(_leaders(servers)) == 1, "one leader")
+    name = _leaders(servers)[0]
+    leader = servers[name]
+
+    def learnt(server: ServerProcess) -> dict[str, Any]:
+        found: dict[str, Any] = _stats(server)["lifecycle_policies"].get("learn", {}).get("fs", {})
+        return found
+
+    with httpx.Client(headers=leader.auth, timeout=60) as c:
+        url = f"{leader.url}/v1/buckets/learn/chunks/"
+        hot = [f"hot{i}" for i in range(15)]
+        rounds = 0
+        while not learnt(leader).get("trusted"):  # a hot set read each round, and a stream read never
+            rounds += 1
+            assert rounds < 200, learnt(leader)
+            for key in hot:
+                if c.get(url + key).status_code == 404:
+                    assert c.put(url + key, content=os.urandom(4096)).status_code in (200, 201)
+            for i in range(20):
+                assert c.put(f"{url}cold{rounds}-{i}", content=os.urandom(4096)).status_code == 201
+    before = learnt(leader)
+    trusted_at = time.time()
+    wait_for(lambda: (_stats(leader)["lifecycle_state"]["saved_at"] or 0) > trusted_at, "a save after that")
+    victim = servers.pop(name)
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    successor = servers["b" if name == "a" else "a"]
+    wait_for(lambda: _stats(successor)["lifecycle_leader"]["leader"], "the other gateway leads", timeout=30)
+    wait_for(lambda: learnt(successor).get("restored") is True, "the new leader restored the learnt state")
+    after = learnt(successor)
+    assert after["trusted"] and after["evictions_learnt"] >= before["evictions_learnt"] > 0, (before, after)
+
+
 def test_ttl_reclaim_covers_chunks_another_gateway_wrote(launch: Launch, cluster_env: dict[str, str]) -> None:
     one = {**FAST, "KVGW_WORKERS": "1"}
     servers = {name: launch(name, **one) for name in ("a", "b")}

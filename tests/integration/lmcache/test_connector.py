@@ -20,6 +20,7 @@ import torch
 import xxhash
 from lmcache.utils import CacheEngineKey
 
+from backends.index import MARK_ONE_OFF, MARK_SESSION_ENDED, MARK_SHARED
 from gateway.bench import lmcache_engine as le
 from kvgw_client import wire
 from kvgw_client.framing import byte_view
@@ -181,6 +182,41 @@ def test_prefix_lookup_stops_at_the_first_missing_chunk(
     assert [le.digest(obj) for obj in objs] == digests[:2]  # chunks after the gap were fetched and freed
     le.release(objs)
     assert_all_memory_back(worker, free)
+
+
+def _keys_with(configs: dict[str, object], n: int, seed: int) -> list[CacheEngineKey]:
+    """A request's keys as LMCache builds them when vLLM's ``kv_transfer_params`` carry ``configs``."""
+    return [CacheEngineKey(k.model_name, k.world_size, k.worker_id, k.chunk_hash, k.dtype, request_configs=configs)
+            for k in le.chunk_keys(n, seed=seed)]
+
+
+def test_request_configs_become_retention_classes_and_session_end_hints(
+    make_worker: Callable[..., Worker], shared_server: ServerProcess, seed: int
+) -> None:
+    """``lmcache.kvgw.retention`` sets the class of the chunks a request stores; a request marked as its
+    session's last turn (``lmcache.kvgw.session_end``) stores one-off chunks and hints that the chunks it
+    loaded ended their session. Neither changes a key (LMCache keeps request configs beside its identity)."""
+    worker = make_worker(shared_server.url, chunks=8)
+    conn = connector(worker)
+    system = _keys_with({"lmcache.kvgw.retention": "shared"}, 2, seed)
+    store_random(worker, system, seed)
+    last = _keys_with({"lmcache.kvgw.session_end": True}, 4, seed + 1000)
+    store_random(worker, last[2:], seed)  # the last turn's new chunks
+    plain = [CacheEngineKey(k.model_name, k.world_size, k.worker_id, k.chunk_hash, k.dtype) for k in last[:2]]
+    store_random(worker, plain, seed)  # written by an earlier turn
+    assert conn.name_of(plain[0]) == conn.name_of(last[0])
+    index = IndexView(shared_server.data_dir)
+    try:
+        assert [index.entry(conn.name_of(k)).marks for k in system] == [MARK_SHARED] * 2  # type: ignore[union-attr]
+        assert [index.entry(conn.name_of(k)).marks for k in last] == [0, 0, MARK_ONE_OFF, MARK_ONE_OFF]  # type: ignore[union-attr]
+        got = worker.retrieve(last[:2])  # the last turn loads what the earlier ones stored
+        assert len(got) == 2
+        le.release(got)
+        wait_for(lambda: all(index.entry(conn.name_of(k)).marks & MARK_SESSION_ENDED  # type: ignore[union-attr]
+                             for k in last[:2]), 10, "the session-ended hint")
+    finally:
+        index.close()
+    assert counters(worker).get("lmcache.session_end_hints") == 1
 
 
 def test_prefetcher_turns_a_second_lookups_gets_into_staged_hits(

@@ -21,10 +21,12 @@ import httpx
 import pytest
 import torch
 
+from backends.index import MARK_SHARED
 from gateway.bench import sglang_engine as harness
 from gateway.bench.sglang_engine import MHA_LAYOUTS, MLA_LAYOUTS, MHAHostPool, MLAHostPool, fill_pages
 from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, leases_granted
 from tests.docs import README, section, text
+from tests.index_view import IndexView
 from tests.integration.sglang.conftest import FAST_FAILURE, new_credential, tokens
 
 harness.load()
@@ -135,6 +137,28 @@ def test_every_page_names_its_predecessor(make_kvgw: Callable[..., Any], seed: i
     sent.clear()
     assert backend.batch_set_v1(more, more_indices) == [True] * 4
     assert dict(sent)[backend.name(more[0])] == names[-1]
+
+
+def test_pages_of_the_shared_prefix_are_written_shared(
+    make_kvgw: Callable[..., Any], gateway: ServerProcess, seed: int
+) -> None:
+    """With ``shared_prefix_tokens``, the pages within the first N tokens of a prompt (found from SGLang's
+    ``prefix_keys``) are written ``X-Kvgw-Retention: shared``; the rest, and pages whose place in their
+    prompt is unknown, are not."""
+    pool = pool_for("page_first")
+    seed += 100_000  # (other tests write prompts of seed + 1)
+    hashes, indices, _ = written(pool, 140, seed)
+    backend = make_kvgw(pool, shared_prefix_tokens=3 * PAGE + 5)  # three whole pages
+    assert harness.backup(backend, pool, hashes, indices, prefix_keys=[]) == 140
+    others, other_indices, _ = written(pool, 2, seed + 7)
+    assert backend.batch_set_v1(others, other_indices) == [True, True]  # no prefix_keys: place unknown
+    index = IndexView(gateway.data_dir)
+    try:
+        marks = [index.entry(backend.name(h)).marks for h in hashes[:5] + hashes[128:130] + others]  # type: ignore[union-attr]
+        assert marks == [MARK_SHARED] * 3 + [0] * 6
+    finally:
+        index.close()
+    assert backend.stats()["hicache"]["set.shared"] == 3
 
 
 def test_ranks_and_mla(make_kvgw: Callable[..., Any], seed: int) -> None:
