@@ -23,7 +23,7 @@ calls map to kvgw (all from the scheduler process, under vLLM's manager lock, no
   ``direct_read_root``). ``get_finished_jobs`` reports each job with its time and bytes; a load that
   got some blocks reports those (``successful_keys``), the rest miss from then on.
 * ``touch(keys)``: one ``touch`` per step for the keys vLLM touched (eviction order).
-* ``on_request_finished``: the request's blocks are collected for kvgw's request-end hint (issue 33).
+* ``on_request_finished``: kvgw's request-end hint (``ended``) for the request's blocks, in the background.
 * ``take_events``: with ``enable_kv_events`` (and vLLM's ``enable_kv_cache_events``), blocks this tier
   stored, and from kvgw's change stream blocks other engines stored and blocks kvgw's lifecycle
   removed (``kv_events: own`` reports own stores only); at most ``events_per_step`` a step.
@@ -75,6 +75,7 @@ from kvgw_client.tiering import (
     TierSettings,
     changes_to_events,
 )
+from kvgw_client.wire import Hint
 
 if TYPE_CHECKING:
     import concurrent.futures as cf
@@ -286,11 +287,12 @@ class KvgwTier(SecondaryTierManager):  # type: ignore[misc]
             self._failed("on_request_finished", exc)
 
     def _request_finished(self, request: str, names: list[str]) -> None:
-        """kvgw's request-end hint for the blocks this request looked up, loaded or stored (issue 33:
-        the lifecycle may then demote or drop what only this request used). Counted here until the
-        client has the hint call."""
+        """kvgw's request-end hint (``ended``) for the blocks this request looked up, loaded or stored:
+        the lifecycle learns how often such blocks come back and may drop what only this request used
+        (docs/lifecycle.md). Sent in the background and quiet: a lost hint costs hit rate, never data."""
         self.counters.add("requests.finished")
         self.counters.add("requests.finished_blocks", len(names))
+        self._client.spawn(self._client.hint(Hint.ENDED, names, quiet=True, timeout=self.settings.lookup_timeout))
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from backends.index import MARK_ENDED
 from gateway.bench.vllm_engine import block_keys
 from tests.conftest import ServerProcess, wait_for
 from tests.http_faults import Fault, HttpFaultProxy
@@ -62,6 +63,24 @@ def test_store_then_another_engine_loads_retry_then_hit_byte_identical(
         assert [index.parent(n) for n in names[1:]] == [index.digest(n) for n in names[:-1]]
     finally:
         index.close()
+
+
+def test_a_finished_request_marks_its_blocks_ended(engines: Callable[..., Any], gateway: ServerProcess,
+                                                   seed: int) -> None:
+    """vLLM's ``on_request_finished`` becomes kvgw's request-end hint (``ended``) for the request's
+    blocks: the lifecycle learns how often such blocks come back (docs/lifecycle.md)."""
+    keys, data = block_keys(4, seed), blocks(4)
+    a = engines([kvgw_tier(gateway)])
+    a.store(keys, data)  # one request: stored, then finished
+    (tier_a,) = a.tiers
+    names = [tier_a.name_of(k) for k in keys]
+    index = IndexView(gateway.data_dir)
+    try:
+        wait_for(lambda: all(entry is not None and entry.marks & MARK_ENDED
+                             for entry in map(index.entry, names)), "the request's blocks marked ended")
+    finally:
+        index.close()
+    assert tier_a.stats()["tier"]["requests.finished_blocks"] == 4
 
 
 def test_blocks_are_named_as_vllms_fs_tier_names_its_files(
