@@ -90,9 +90,10 @@ class Settings(BaseSettings):
     default_capacity_fraction: float = 0.9  # a new bucket's fs-tier capacity: this share of the filesystem (0: none)
 
     fsync: bool = True  # fsync chunk data and directory entries before a PUT is acknowledged
-    # chunk data written around the page cache (O_DIRECT): a PUT costs ~0.3x the CPU, a same-host first read
-    # comes from the disk (BENCHMARKS.md, "kvgw bench first-read"); off where that first read matters more
-    fs_direct_writes: bool = True
+    # chunk data written around the page cache (O_DIRECT): a PUT costs ~0.3x the CPU, but a chunk's first read
+    # comes from the disk and every later read costs ~1.75x (smaller page-cache folios): off by default, since
+    # reads sit on time-to-first-token (BENCHMARKS.md, "kvgw bench first-read" and "kvgw bench io")
+    fs_direct_writes: bool = False
     fs_visibility_seconds: float = 5.0  # how long an operation on a chunk file its directory lists but this host's
     # lookups do not see yet (another host created it after a lookup here: NFS/FUSE negative caches) retries
     verify_reads: bool = True  # check a chunk's checksum before serving its first byte (to readers that do not)
