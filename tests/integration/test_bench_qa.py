@@ -9,14 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import qa, sglang_engine
+from gateway.bench import qa
 from tests.requirements import require_module, require_or_skip
 
 TINY = ["users=2", "rounds=3", "total_users=3", "history_tokens=1200", "system_tokens=600"]
 
 
 def test_the_multi_round_workload_through_both_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    require_module("torch", "torch 2.13.0 (CPU) is not installed (.ci/install-lmcache.sh)")
     require_module("lmcache")
+    from gateway.bench import sglang_engine  # imports torch
+
     if not sglang_engine.installed():
         require_or_skip("sglang is not installed (.ci/install-sglang.sh)")
     out = tmp_path / "records.json"
