@@ -397,13 +397,16 @@ def workers_row(work: Path, pg: str, workers: int, clients: int, seconds: float)
         server.stop()
 
 
+_CATALOG_KEY: list[str] = []  # the one catalog key of this process's benches (not in os.environ: a KVGW_ name
+# there would reach every kvgw this process starts later, which warns about settings it does not know)
+
+
 def _fernet() -> str:
     from cryptography.fernet import Fernet
 
-    key = os.environ.get("KVGW_BENCH_CATALOG_KEY")
-    if key is None:
-        key = os.environ["KVGW_BENCH_CATALOG_KEY"] = Fernet.generate_key().decode()
-    return key
+    if not _CATALOG_KEY:
+        _CATALOG_KEY.append(Fernet.generate_key().decode())
+    return _CATALOG_KEY[0]
 
 
 # -- report ----------------------------------------------------------------------------------------

@@ -502,7 +502,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvgw bench qa", description="LMCache's multi-round QA workload through "
                                 "LMCache's and SGLang's client paths against a live kvgw with a capacity, two "
                                 "engine instances sharing it: hit rate, lookup and load times (measured), time to "
-                                "first token (modelled prefill), beside no shared tier.")
+                                "first token (modelled prefill), beside no shared tier.", allow_abbrev=False)
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--qa-param", nargs="*", default=[], metavar="KEY=VALUE",
                    help="workload parameters (as kvgw bench trace --qa); defaults: users=6 rounds=8 total_users=12 "
