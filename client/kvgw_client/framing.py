@@ -104,6 +104,27 @@ class PayloadWriter:
                 self._i += 1
                 self._off = 0
 
+    def target(self) -> memoryview | None:
+        """The destination bytes not written yet, in the current view (None when refused or full): a
+        reader may receive straight into them and then call ``written``."""
+        if self.views is None or not self.remaining:
+            return None
+        while self._off == len(self.views[self._i]):  # skip empty views
+            self._i += 1
+            self._off = 0
+        return self.views[self._i][self._off :]
+
+    def written(self, n: int) -> None:
+        """``n`` bytes were received into ``target()``: hash them and move on."""
+        assert self.views is not None and 0 < n <= self.remaining
+        view = self.views[self._i]
+        self._hasher.update(view[self._off : self._off + n])
+        self.remaining -= n
+        self._off += n
+        if self._off == len(view) and self.remaining:
+            self._i += 1
+            self._off = 0
+
     def digest(self) -> int:
         return self._hasher.intdigest()
 
@@ -144,6 +165,22 @@ class BatchReader:
         except wire.FramingError as exc:
             self.error = exc
         return out
+
+    def payload_target(self) -> memoryview | None:
+        """Where the next bytes of the stream belong when they are payload bytes of the open frame with
+        a destination (``PayloadWriter.target``); None otherwise (``feed`` them). Receiving straight
+        into it and calling ``payload_written`` saves ``feed``'s copy."""
+        if self._state != _PAYLOAD or self.error is not None:
+            return None
+        assert self._payload is not None
+        return self._payload.target()
+
+    def payload_written(self, n: int) -> list[BatchItem]:
+        """``n`` bytes were received into ``payload_target()``; the frame's item once it is complete."""
+        assert self._payload is not None
+        self.bytes_received += n
+        self._payload.written(n)
+        return [self._finish_frame()] if self._payload.remaining == 0 else []
 
     def close(self) -> list[BatchItem]:
         """Report every index not yet reported as LOST; the reader accepts nothing afterwards."""

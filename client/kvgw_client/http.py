@@ -69,7 +69,8 @@ from kvgw_client.framing import (
 from kvgw_client.health import CircuitState, Counters
 from kvgw_client.leases import HeldLeases
 from kvgw_client.loop import IoLoop
-from kvgw_client.policy import CallPolicy, error_from, translate
+from kvgw_client.policy import CallPolicy, error_for, error_from, translate
+from kvgw_client.stream import BatchSink, Collect, Head, StreamConnection, StreamPool, post_request
 from kvgw_client.wire import Hint, Retention
 from kvgw_client.wire import encode_key as encode_key
 
@@ -170,11 +171,13 @@ class KvgwClient:
             clock=clock, rand=rand,
         )
         self._session: aiohttp.ClientSession | None = None
+        self._streams: StreamPool | None = None  # batch-get's connections
         self._write_gate: asyncio.Semaphore | None = None
         self._closed = False
         base = settings.url.rstrip("/")
         self._probe_url = URL(base + settings.health.probe_path, encoded=True)
         self._bucket_url = f"{base}{wire.API_PREFIX}/buckets/{quote(settings.bucket, safe='')}"
+        self._batch_get_path = f"{URL(self._bucket_url, encoded=True).raw_path}/batch-get"
         self._headers = {"User-Agent": "kvgw-client/0.1"}
         if settings.access_key is not None:
             self._headers["Authorization"] = f"Bearer {settings.access_key}:{settings.secret_key}"
@@ -959,46 +962,54 @@ class KvgwClient:
     async def _iter_http(
         self, positions: list[int], keys: list[str], into: BufferProvider | None
     ) -> AsyncIterator[BatchItem | KvgwClientError]:
+        """One batch-get call's items, read from a ``stream.StreamConnection``: each payload is received
+        from the socket straight into its destination and hashed there (one copy per byte)."""
         shifted = None if into is None else (lambda index, length: into(positions[index], length))
         reader = BatchReader(len(keys), into=shifted, max_length=self.settings.max_chunk_bytes)
-        url = URL(f"{self._bucket_url}/batch-get", encoded=True)
+        sink = BatchSink(reader)
+        pool = self._stream_pool()
+        request = post_request(pool, self._batch_get_path, json.dumps({"keys": keys}).encode(),
+                               {**self._headers, **VERIFYING})
         self._leases.forget(keys)
 
-        async def open_stream() -> aiohttp.ClientResponse:
+        async def open_stream() -> StreamConnection:
+            errors = Collect()
             async with translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
-                resp = await self._http().post(url, json={"keys": keys}, headers=VERIFYING)
-                try:
-                    if resp.status != 200:
-                        raise await error_from(resp)
-                    if resp.content_type != wire.BATCH_CONTENT_TYPE:
-                        raise ProtocolError(f"batch_get: unexpected content type {resp.content_type!r}")
-                except BaseException:
-                    resp.release()
-                    raise
-                return resp
+                conn, head = await pool.request(request, lambda head: sink if _is_batch(head) else errors)
+                if head.status != 200:
+                    try:
+                        await conn.done
+                    finally:
+                        conn.abort()
+                    raise error_for(head.status, head.reason, head.headers.get(wire.H_REQUEST_ID), errors.data)
+                if not _is_batch(head):
+                    conn.abort()
+                    raise ProtocolError(f"batch_get: unexpected content type {head.headers.get('content-type')!r}")
+                return conn
 
         failure: KvgwClientError | None = None
         damaged: list[str] = []
         try:
-            resp = await self._policy.attempts("batch_get", open_stream)
+            conn = await self._policy.attempts("batch_get", open_stream)
         except KvgwClientError as exc:
             failure = exc
         else:
+            conn.done.add_done_callback(lambda _: sink.event.set())
+            clean = False
             try:
                 async with translate("batch_get"):
-                    try:
-                        async for chunk in resp.content.iter_any():
-                            for item in reader.feed(chunk):
-                                if item.status is ItemStatus.CORRUPT:
-                                    damaged.append(keys[item.index])
-                                yield BatchItem(positions[item.index], item.status, item.length, item.data)
-                            if reader.error is not None:
-                                break
-                    finally:
-                        if reader.complete and reader.error is None:
-                            resp.release()
-                        else:
-                            resp.close()
+                    while True:
+                        finished = reader.error is not None or conn.done.done()  # no item comes after
+                        for item in sink.take():
+                            if item.status is ItemStatus.CORRUPT:
+                                damaged.append(keys[item.index])
+                            yield BatchItem(positions[item.index], item.status, item.length, item.data)
+                        if finished:
+                            break
+                        await _wait_reading(sink.event, conn, self.settings.timeouts.read)
+                    if reader.error is None:
+                        conn.done.result()  # a broken connection raises here
+                    clean = reader.complete and reader.error is None
                 if reader.error is not None:
                     raise ProtocolError(f"batch_get: {reader.error}")
                 if not reader.complete:
@@ -1006,13 +1017,26 @@ class KvgwClient:
             except KvgwClientError as exc:
                 failure = exc
                 self._policy.note_failure("batch_get", exc)
+            finally:
+                if not clean:
+                    conn.abort()  # the rest of this answer cannot be trusted or is not wanted
             self.counters.add("batch_get.bytes", reader.bytes_received)
+            self.counters.add("batch_get.bytes_copied", sink.fed)  # the rest went straight to its destination
         if damaged:
             self._report_damaged(damaged)
         for item in reader.close():
             yield BatchItem(positions[item.index], item.status)
         if failure is not None:
             yield failure
+
+    def _stream_pool(self) -> StreamPool:
+        """The keep-alive connections batch-get streams are read on (``kvgw_client.stream``)."""
+        if self._streams is None:
+            if self._closed:
+                raise ClientClosed()
+            self._streams = StreamPool(self.settings.url, self.settings.ssl_context(), max_idle=self.settings.pool_size,
+                                       connect_timeout=self.settings.timeouts.connect)
+        return self._streams
 
     def _report_damaged(self, keys: list[str]) -> None:
         """``_report_damaged_now``, in the background (the read that found the damage goes on)."""
@@ -1056,6 +1080,9 @@ class KvgwClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._streams is not None:
+            self._streams.close()
+            self._streams = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -1080,6 +1107,26 @@ class KvgwClient:
             self._write_gate = asyncio.Semaphore(self.settings.write_concurrency)
         async with self._write_gate:
             yield
+
+
+def _is_batch(head: Head) -> bool:
+    """A 200 carrying a batch-get stream."""
+    return head.status == 200 and head.headers.get("content-type", "").split(";")[0].strip() == wire.BATCH_CONTENT_TYPE
+
+
+async def _wait_reading(event: asyncio.Event, conn: StreamConnection, read_timeout: float) -> None:
+    """Wait for ``event``; TimeoutError once the connection has read nothing for ``read_timeout`` s."""
+    loop = asyncio.get_running_loop()
+    while True:
+        idle = loop.time() - conn.last_read
+        if idle >= read_timeout:
+            raise TimeoutError(f"nothing read for {read_timeout:g} s")
+        try:
+            async with asyncio.timeout(read_timeout - idle):
+                await event.wait()
+            return
+        except TimeoutError:
+            continue
 
 
 def _where(keys: Sequence[str], flags: Sequence[bool]) -> list[str]:

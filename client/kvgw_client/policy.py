@@ -39,6 +39,7 @@ from kvgw_client.errors import (
     Unavailable,
 )
 from kvgw_client.health import Circuit, CircuitState, Counters, FailureLog
+from kvgw_client.stream import StreamError
 
 T = TypeVar("T")
 
@@ -58,7 +59,7 @@ async def translate(what: str) -> AsyncIterator[None]:
         raise Unavailable(f"{what}: cannot connect: {exc}") from exc
     except aiohttp.ClientPayloadError as exc:
         raise Unavailable(f"{what}: response cut short: {exc}") from exc
-    except aiohttp.ClientResponseError as exc:
+    except (aiohttp.ClientResponseError, StreamError) as exc:
         raise ProtocolError(f"{what}: malformed response: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
@@ -68,17 +69,24 @@ async def translate(what: str) -> AsyncIterator[None]:
 
 async def error_from(resp: aiohttp.ClientResponse) -> KvgwClientError:
     """The client error an error response stands for: ServerError for 5xx, Rejected for the rest."""
-    code, message = "HTTP", resp.reason or ""
-    request_id = resp.headers.get(wire.H_REQUEST_ID)
+    body = b""
     with contextlib.suppress(Exception):
-        doc = json.loads(await resp.content.read(_ERROR_BODY_LIMIT))
-        err = doc["error"]
+        body = await resp.content.read(_ERROR_BODY_LIMIT)
+    return error_for(resp.status, resp.reason or "", resp.headers.get(wire.H_REQUEST_ID), body)
+
+
+def error_for(status: int, reason: str, request_id: str | None, body: bytes | bytearray) -> KvgwClientError:
+    """``error_from`` for an answer already read: its status, reason, request id header and body (kvgw's
+    JSON error, whose code, message and request id win when present)."""
+    code, message = "HTTP", reason
+    with contextlib.suppress(Exception):
+        err = json.loads(body)["error"]
         code = str(err.get("code") or code)
         message = str(err.get("message") or message)
         request_id = str(err.get("request_id") or request_id or "") or None
-    if resp.status >= 500:
-        return ServerError(resp.status, code, message, request_id)
-    return Rejected(resp.status, code, message, request_id)
+    if status >= 500:
+        return ServerError(status, code, message, request_id)
+    return Rejected(status, code, message, request_id)
 
 
 class CallPolicy:
