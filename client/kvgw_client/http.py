@@ -976,16 +976,16 @@ class KvgwClient:
             errors = Collect()
             async with translate("batch_get"), asyncio.timeout(self.settings.timeouts.control):
                 conn, head = await pool.request(request, lambda head: sink if _is_batch(head) else errors)
-                if head.status != 200:
-                    try:
-                        await conn.done
-                    finally:
+                if _is_batch(head):
+                    return conn
+                try:
+                    if head.status == 200:
                         conn.abort()
-                    raise error_for(head.status, head.reason, head.headers.get(wire.H_REQUEST_ID), errors.data)
-                if not _is_batch(head):
-                    conn.abort()
-                    raise ProtocolError(f"batch_get: unexpected content type {head.headers.get('content-type')!r}")
-                return conn
+                        raise ProtocolError(f"batch_get: unexpected content type {head.headers.get('content-type')!r}")
+                    await conn.done
+                finally:
+                    pool.release(conn)
+                raise error_for(head.status, head.reason, head.headers.get(wire.H_REQUEST_ID), errors.data)
 
         failure: KvgwClientError | None = None
         damaged: list[str] = []
@@ -994,12 +994,13 @@ class KvgwClient:
         except KvgwClientError as exc:
             failure = exc
         else:
-            conn.done.add_done_callback(lambda _: sink.event.set())
+            done = conn.done  # this answer's end (the connection is ours until released below)
+            done.add_done_callback(lambda _: sink.event.set())
             clean = False
             try:
                 async with translate("batch_get"):
                     while True:
-                        finished = reader.error is not None or conn.done.done()  # no item comes after
+                        finished = reader.error is not None or done.done()  # no item comes after
                         for item in sink.take():
                             if item.status is ItemStatus.CORRUPT:
                                 damaged.append(keys[item.index])
@@ -1008,7 +1009,7 @@ class KvgwClient:
                             break
                         await _wait_reading(sink.event, conn, self.settings.timeouts.read)
                     if reader.error is None:
-                        conn.done.result()  # a broken connection raises here
+                        done.result()  # a broken connection raises here
                     clean = reader.complete and reader.error is None
                 if reader.error is not None:
                     raise ProtocolError(f"batch_get: {reader.error}")
@@ -1020,6 +1021,7 @@ class KvgwClient:
             finally:
                 if not clean:
                     conn.abort()  # the rest of this answer cannot be trusted or is not wanted
+                pool.release(conn)
             self.counters.add("batch_get.bytes", reader.bytes_received)
             self.counters.add("batch_get.bytes_copied", sink.fed)  # the rest went straight to its destination
         if damaged:
@@ -1034,7 +1036,8 @@ class KvgwClient:
         if self._streams is None:
             if self._closed:
                 raise ClientClosed()
-            self._streams = StreamPool(self.settings.url, self.settings.ssl_context(), max_idle=self.settings.pool_size,
+            self._streams = StreamPool(self.settings.url, self.settings.ssl_context(),
+                                       connections=self.settings.pool_size,
                                        connect_timeout=self.settings.timeouts.connect)
         return self._streams
 

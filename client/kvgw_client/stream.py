@@ -13,8 +13,9 @@ What a caller must know:
 - HTTP/1.1 only as kvgw's gateway speaks it to this client: a response body with ``Content-Length``,
   ``Transfer-Encoding: chunked``, or delimited by the connection closing. TLS works the same way
   (asyncio's TLS transport reads decrypted bytes into the protocol's buffer).
-- One request at a time per connection; a connection goes back to its ``StreamPool`` only after a
-  response that ended cleanly and did not ask to close.
+- One request at a time per connection. Whoever ``StreamPool.request`` gave a connection gives it back
+  with ``StreamPool.release`` once done with it (after ``abort`` if the answer was not read to its end):
+  only a connection whose answer ended cleanly and did not ask to close is kept for the next request.
 - Everything runs on the client's I/O loop. Errors surface as ``OSError`` / ``TimeoutError`` /
   ``wire.FramingError`` / ``StreamError``; ``policy.translate`` turns them into client errors.
 """
@@ -109,8 +110,7 @@ class Head:
 class StreamConnection(asyncio.BufferedProtocol):
     """One keep-alive HTTP/1.1 connection reading response bodies into a ``BodySink``."""
 
-    def __init__(self, on_idle: Callable[[StreamConnection], None]) -> None:
-        self._on_idle = on_idle
+    def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._read = bytearray(_READ_BYTES)
@@ -146,6 +146,13 @@ class StreamConnection(asyncio.BufferedProtocol):
     async def head(self) -> Head:
         assert self._head is not None
         return await asyncio.shield(self._head)
+
+    @property
+    def reusable(self) -> bool:
+        """The last answer ended cleanly and the connection stays open for another request."""
+        return (self._state == _DONE and self._done is not None and self._done.done()
+                and not self._done.cancelled() and self._done.exception() is None
+                and self.transport is not None and not self.transport.is_closing())
 
     @property
     def done(self) -> asyncio.Future[None]:
@@ -308,8 +315,6 @@ class StreamConnection(asyncio.BufferedProtocol):
             self._done.set_result(None)
         if self._close_after:
             self.close()
-        else:
-            self._on_idle(self)
 
     def _fail(self, exc: BaseException) -> None:
         self._state = _DONE
@@ -329,7 +334,8 @@ class StreamPool:
     fails before any byte of the answer: the request is sent again, on the next idle connection or a
     new one (a batch-get changes nothing on the gateway, so sending it twice is harmless)."""
 
-    def __init__(self, url: str, ssl_context: ssl.SSLContext | bool, *, max_idle: int, connect_timeout: float) -> None:
+    def __init__(self, url: str, ssl_context: ssl.SSLContext | bool, *, connections: int,
+                 connect_timeout: float) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "localhost"
         self.tls = parts.scheme == "https"
@@ -348,13 +354,33 @@ class StreamPool:
                 self._ssl = ssl.create_default_context()
                 self._ssl.check_hostname = False
                 self._ssl.verify_mode = ssl.CERT_NONE
-        self._max_idle = max_idle
+        self._max_idle = connections
+        self._slots = asyncio.Semaphore(connections)
         self._connect_timeout = connect_timeout
         self._idle: collections.deque[StreamConnection] = collections.deque()
         self._closed = False
 
     async def request(self, request: bytes, sink_for: Callable[[Head], BodySink]) -> tuple[StreamConnection, Head]:
-        """Send ``request``; the connection it went out on and the answer's head (``send``)."""
+        """Send ``request``; the connection it went out on and the answer's head (``send``). The caller
+        owns the connection until it calls ``release``. At most ``connections`` are owned at once: a
+        further request waits for one to be released."""
+        await self._slots.acquire()
+        try:
+            return await self._send(request, sink_for)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def release(self, conn: StreamConnection) -> None:
+        """Give back a connection ``request`` handed out: kept for the next request if its answer
+        ended cleanly and the connection stays open, closed otherwise."""
+        self._slots.release()
+        if conn.reusable and not self._closed and len(self._idle) < self._max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def _send(self, request: bytes, sink_for: Callable[[Head], BodySink]) -> tuple[StreamConnection, Head]:
         while self._idle:
             conn = self._idle.pop()
             if conn.transport is None or conn.transport.is_closing():
@@ -380,15 +406,9 @@ class StreamPool:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout):
             _, protocol = await loop.create_connection(
-                lambda: StreamConnection(self._put_back), self.host, self.port, ssl=self._ssl,
+                StreamConnection, self.host, self.port, ssl=self._ssl,
                 server_hostname=self.host if self._ssl is not None else None)
         return protocol
-
-    def _put_back(self, conn: StreamConnection) -> None:
-        if self._closed or len(self._idle) >= self._max_idle:
-            conn.close()
-        else:
-            self._idle.append(conn)
 
     def close(self) -> None:
         self._closed = True

@@ -135,9 +135,9 @@ def send_in_pieces(conn: socket.socket, data: bytes, rng: random.Random, *, smal
 def serve() -> Iterator[Callable[[Respond], KvgwClient]]:
     opened: list[tuple[ScriptedServer, KvgwClient]] = []
 
-    def start(respond: Respond, *, read_timeout: float = 10.0) -> KvgwClient:
+    def start(respond: Respond, *, read_timeout: float = 10.0, pool_size: int = 32) -> KvgwClient:
         server = ScriptedServer(respond)
-        settings = ClientSettings(url=f"http://127.0.0.1:{server.port}", bucket="kvcache",
+        settings = ClientSettings(url=f"http://127.0.0.1:{server.port}", bucket="kvcache", pool_size=pool_size,
                                   timeouts=Timeouts(read=read_timeout), retry=RetryPolicy(attempts=1))
         client = KvgwClient(settings)
         opened.append((server, client))
@@ -337,3 +337,22 @@ def test_an_interim_answer_is_skipped(serve) -> None:
     client = serve(respond)
     statuses, buffers = read_all(client, [2])
     assert statuses == [ItemStatus.OK] and bytes(buffers[0]) == b"ok"
+
+
+def test_concurrent_streams_share_at_most_pool_size_connections(serve) -> None:
+    body = batch_body([b"p" * 100_000])
+
+    def respond(conn: socket.socket, n: int) -> bool:
+        time.sleep(0.02)  # each answer takes a while, so the calls overlap
+        conn.sendall(head(framing=f"content-length: {len(body)}\r\n") + body)
+        return True
+
+    client = serve(respond, pool_size=2)
+    results: list[list[ItemStatus]] = []
+    threads = [threading.Thread(target=lambda: results.append(read_all(client, [100_000])[0])) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [[ItemStatus.OK]] * 6
+    assert _server_of(client).connections == 2
