@@ -194,6 +194,14 @@ async def test_https_with_kvgw_client(tls_server: ServerProcess) -> None:
         assert await client.put("tls-key", b"tls bytes") is PutOutcome.STORED
         assert await client.get("tls-key") == b"tls bytes"
         assert await client.prefix(["tls-key", "absent"]) == 1
+        # batch-get's stream (kvgw_client.stream) over TLS: payloads decrypted straight into the buffers
+        large = os.urandom(3 << 20)
+        assert await client.put("tls-large", large) is PutOutcome.STORED
+        buffers = [bytearray(9), bytearray(len(large))]
+        statuses = await client.batch_get_into(["tls-key", "tls-large", "absent"],
+                                               lambda i, n: memoryview(buffers[i])[:n] if i < 2 else None)
+        assert [str(s) for s in statuses] == ["ok", "ok", "missing"]
+        assert (bytes(buffers[0]), bytes(buffers[1])) == (b"tls bytes", large)
     finally:
         await client.aclose()
 
