@@ -177,6 +177,17 @@ class Tier(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class AheadRead:
+    """One whole-chunk read a batch read is about to make (``FileLocator.read_ahead``): ``read(digest,
+    0, size, checksum=checksum)``, or ``open_data(digest, size)`` when ``as_file``."""
+
+    digest: bytes
+    size: int
+    checksum: int | None = None
+    as_file: bool = False
+
+
 @runtime_checkable
 class FileLocator(Protocol):
     """A tier whose chunks are plain files that clients on the same host (or on the shared mount) may
@@ -186,8 +197,9 @@ class FileLocator(Protocol):
         """The chunk file's path relative to the tier root, with ``/`` separators."""
         ...
 
-    async def will_read(self, digests: list[bytes]) -> None:
-        """Hint that these chunks are about to be read: start reading them from disk now."""
+    async def read_ahead(self, reads: list[AheadRead]) -> None:
+        """Hint that these chunks are about to be read, in this order and each as described: start
+        reading them from disk now, and open them ahead where that saves the reads work."""
         ...
 
     async def open_data(self, digest: bytes, size: int) -> int:

@@ -42,10 +42,10 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from backends import chunkfile
-from backends.base import ChunkMeta, check_bytes
+from backends.base import AheadRead, ChunkMeta, check_bytes
 from backends.errors import BackendError, ChunkCorrupt, ChunkHidden, ChunkNotFound
 from backends.fileio import (
     DIRECT_ALIGN,
@@ -60,6 +60,7 @@ from backends.fileio import (
     write_all,
     write_direct,
 )
+from backends.read_ahead import Form, OpenedAhead
 from backends.tiers import TierId
 
 log = logging.getLogger("kvgw.posix")
@@ -70,6 +71,11 @@ _RETRY_FIRST = 0.005  # seconds before the first retry of a hidden chunk; double
 _RETRY_MAX = 0.25  # ...up to this
 
 _STAGING_SUFFIX = ".part"
+
+READ_AHEAD_BYTES = 256 << 20
+"""At most this much of batch reads' chunks opened ahead and not yet sent (``read_ahead``): mappings of
+page-cache pages cost page tables, not memory, but keep those pages from being reclaimed."""
+READ_AHEAD_MAX_AGE = 30.0  # seconds: a chunk opened ahead that no read took by then is closed
 FOLIO_BYTES = 2 << 20
 """Staged bytes are written in whole multiples of this, at offsets that are multiples of it: the page
 cache then holds a chunk's data in 2 MiB folios (the largest the kernel builds; a write's length and
@@ -77,6 +83,20 @@ alignment decide a folio's size), which every later read maps and copies at a fr
 small ones. Measured here (kernel 6.18, ext4): mapping (``MAP_POPULATE``) and hashing an 8 MiB file
 written in 2 MiB pieces took 0.15 ms of CPU against 0.46 ms for 1 MiB pieces, for the same write+fsync
 CPU; BENCHMARKS.md ("kvgw bench io") has what it does to GET and batch-get."""
+
+
+def _mapped_form(offset: int, length: int, checksum: int | None) -> Form:
+    """``read_ahead``'s key for ``read(digest, offset, length, checksum=checksum)``."""
+    return ("map", offset, length, checksum)
+
+
+def _file_form(size: int) -> Form:
+    """``read_ahead``'s key for ``open_data(digest, size)``."""
+    return ("fd", size)
+
+
+def _nothing() -> None:
+    """A mapping opened ahead needs no closing: it goes with its last reference."""
 
 
 def split_at(pieces: list[bytes | memoryview], size: int) -> tuple[list[bytes | memoryview], list[bytes | memoryview]]:
@@ -299,6 +319,7 @@ class PosixTier:
         self._live_staging: set[str] = set()  # this process's writes in progress: never cleaned
         # lookups probe for a file on the event loop, a thread only for files that exist (see stat_many)
         self._probe_inline = filesystem_type(root) in LOCAL_FILESYSTEMS
+        self._ahead = OpenedAhead(limit_bytes=READ_AHEAD_BYTES, max_age=READ_AHEAD_MAX_AGE, clock=clock)
         for path in (self._chunks, self._staging, self._quarantine):
             os.makedirs(path, exist_ok=True)
 
@@ -336,6 +357,9 @@ class PosixTier:
 
     async def read(self, digest: bytes, offset: int, length: int, *, checksum: int | None = None
                    ) -> bytes | memoryview:
+        ahead = self._ahead.claim((digest, _mapped_form(offset, length, checksum)))
+        if ahead is not None:
+            return cast(memoryview, ahead)
         path = self.path_for(digest)
         return await self._revalidating(path, lambda: run_io(self._read_sync, path, offset, length, checksum,
                                                             what="read chunk"))
@@ -422,6 +446,9 @@ class PosixTier:
         return data
 
     async def open_data(self, digest: bytes, size: int) -> int:
+        ahead = self._ahead.claim((digest, _file_form(size)))
+        if ahead is not None:
+            return cast(int, ahead)
         return await run_io(self._open_data_sync, self.path_for(digest), size, what="open chunk")
 
     @staticmethod
@@ -441,14 +468,25 @@ class PosixTier:
             raise
         return fd
 
-    async def will_read(self, digests: list[bytes]) -> None:
-        """POSIX_FADV_WILLNEED on every chunk of a batch read: the kernel reads them ahead (in
-        parallel, up to the device's queue depth) while earlier chunks are still being sent, instead of
-        one chunk at a time as each is opened. Best effort: a missing file is the read's problem."""
-        def advise() -> None:
-            for digest in digests:
+    def read_ahead_report(self) -> dict[str, int]:
+        """``OpenedAhead.report`` of this tier's read-ahead (the admin stats' ``fs_read_ahead``)."""
+        return self._ahead.report()
+
+    async def read_ahead(self, reads: list[AheadRead]) -> None:
+        """A batch read is about to serve ``reads`` in this order: POSIX_FADV_WILLNEED on every file (the
+        kernel reads them in parallel, up to the device's queue depth, while earlier ones are sent), then
+        each opened in advance, in order, exactly as ``read`` / ``open_data`` would for it, and kept for
+        that call (``backends.read_ahead``): one worker-thread hand-off for the batch, not one per chunk.
+        Best effort: a chunk that fails here is opened by its own read, which reports why."""
+        planned = [((r.digest, _file_form(r.size) if r.as_file else _mapped_form(0, r.size, r.checksum)), r.size)
+                   for r in reads]
+        self._ahead.plan(planned)
+
+        def open_all() -> None:
+            paths = [self.path_for(r.digest) for r in reads]
+            for path in paths:
                 try:
-                    fd = os.open(self.path_for(digest), os.O_RDONLY | os.O_CLOEXEC)
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 except OSError:
                     continue
                 try:
@@ -457,8 +495,19 @@ class PosixTier:
                     pass
                 finally:
                     os.close(fd)
+            for (key, _), path, r in zip(planned, paths, reads, strict=True):
+                if not self._ahead.begin(key):
+                    continue
+                try:
+                    if r.as_file:
+                        fd = self._open_data_sync(path, r.size)
+                        self._ahead.offer(key, fd, functools.partial(os.close, fd))
+                    else:
+                        self._ahead.offer(key, self._read_sync(path, 0, r.size, r.checksum), _nothing)
+                except (OSError, BackendError):
+                    self._ahead.abandon(key)
 
-        await asyncio.to_thread(advise)
+        await asyncio.to_thread(open_all)
 
     async def stream(self, digest: bytes, offset: int, length: int, window: int
                      ) -> AsyncIterator[bytes | memoryview]:
@@ -536,6 +585,7 @@ class PosixTier:
         return out
 
     async def delete(self, digest: bytes) -> bool:
+        self._ahead.drop(digest)
         path = self.path_for(digest)
         try:
             await self._revalidating(path, lambda: run_io(os.unlink, path, what="delete chunk"))
@@ -544,6 +594,7 @@ class PosixTier:
         return True
 
     async def quarantine(self, digest: bytes) -> bool:
+        self._ahead.drop(digest)
         path = self.path_for(digest)
 
         def move() -> None:
@@ -636,4 +687,4 @@ class PosixTier:
         return await run_io(walk, what="measure tier usage")
 
     async def close(self) -> None:
-        return None
+        self._ahead.clear()

@@ -45,7 +45,7 @@ from dataclasses import replace
 import xxhash
 
 from backends import errors as backend
-from backends.base import HASH_ON_LOOP_BYTES, ChunkMeta, FileLocator, SyncStagedChunk, Tier
+from backends.base import HASH_ON_LOOP_BYTES, AheadRead, ChunkMeta, FileLocator, SyncStagedChunk, Tier
 from backends.catalog.store import BucketPolicy
 from backends.index import ChunkIndex, IndexEntry
 from backends.request_path import RequestPathTier, request_budget
@@ -756,10 +756,11 @@ class ChunkService:
             raise NoSuchChunk()
         return await self.open_info(info, byte_range, reader_verifies=reader_verifies, as_file=as_file)
 
-    async def open_many(self, bucket: BucketPolicy, keys: Sequence[str], *, read_ahead: bool = False
-                        ) -> list[ChunkInfo | None]:
+    async def open_many(self, bucket: BucketPolicy, keys: Sequence[str], *, read_ahead: bool = False,
+                        reader_verifies: bool = False, as_file: bool = False) -> list[ChunkInfo | None]:
         """Resolve many keys for a batch read (one index transaction for the hits). ``read_ahead``:
-        the gateway itself is about to read them all, so the filesystem tier may start now."""
+        the gateway itself is about to read them all, whole and in this order, each with ``open_info``
+        and the same ``reader_verifies`` / ``as_file``: the filesystem tier may start now."""
         digests = self._digests(bucket, keys)
         asyncio.get_running_loop().call_soon(self._events.chained, bucket.name, digests)
         now = self._clock()
@@ -776,17 +777,22 @@ class ChunkService:
             for i, info in zip(misses, found, strict=True):
                 infos[i] = info
         if read_ahead:
-            self._read_ahead(infos)
+            self._read_ahead(infos, reader_verifies=reader_verifies, as_file=as_file)
         return infos
 
-    def _read_ahead(self, infos: list[ChunkInfo | None]) -> None:
-        """Let the filesystem tier start reading a batch's chunks from disk while the first is served."""
+    def _read_ahead(self, infos: list[ChunkInfo | None], *, reader_verifies: bool, as_file: bool) -> None:
+        """Let the filesystem tier start reading a batch's chunks from disk while the first is served,
+        and open each ahead exactly as ``_read_copy`` will (``FileLocator.read_ahead``)."""
         fs = self._tiers.get(TierId.FS)
         if not isinstance(fs, FileLocator):
             return
-        digests = [chunk_digest(i.bucket, i.key) for i in infos if i is not None and i.tiers & TierId.FS]
-        if len(digests) > 1:
-            task = asyncio.ensure_future(fs.will_read(digests))
+        verify = self._settings.verify_reads and not reader_verifies
+        files = as_file and not verify  # as _read_copy decides
+        reads = [AheadRead(chunk_digest(i.bucket, i.key), i.size, i.checksum if verify else None, as_file=files)
+                 for i in infos if i is not None and i.tiers & TierId.FS
+                 and (files or i.size <= self._settings.whole_read_max_bytes)]
+        if len(reads) > 1:
+            task = asyncio.ensure_future(fs.read_ahead(reads))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

@@ -37,6 +37,8 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         # chunk files the directory listed but a lookup here missed (another host created them after a
         # lookup here: NFS / FUSE negative caches): retried, and given up on after fs_visibility_seconds
         "fs_hidden": {"seen": gateway.fs.hidden_seen, "refused": gateway.fs.hidden_refused},
+        # batch reads' chunks opened ahead in one worker-thread pass (backends.read_ahead)
+        "fs_read_ahead": gateway.fs.read_ahead_report(),
         "write_through_skipped": gateway.service.write_through_skipped,
         # native PUTs while a bucket's fs tier was at its low watermark: admitted, or declined and why
         "admission": gateway.service.admission,

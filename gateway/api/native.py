@@ -544,7 +544,7 @@ class NativeAPI:
         keys = await self._keys(req)
         verifies = _reader_verifies(req)
         as_file = verifies and sends_files(req.scope)
-        infos = await self.service.open_many(bucket, keys, read_ahead=True)
+        infos = await self.service.open_many(bucket, keys, read_ahead=True, reader_verifies=verifies, as_file=as_file)
         headers = self._base_headers(req)
         headers.append((b"content-type", wire.BATCH_CONTENT_TYPE.encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
