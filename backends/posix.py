@@ -359,7 +359,7 @@ class PosixTier:
                    ) -> bytes | memoryview:
         ahead = self._ahead.claim((digest, _mapped_form(offset, length, checksum)))
         if ahead is not None:
-            return cast(memoryview, ahead)
+            return cast("bytes | memoryview", ahead)
         path = self.path_for(digest)
         return await self._revalidating(path, lambda: run_io(self._read_sync, path, offset, length, checksum,
                                                             what="read chunk"))
