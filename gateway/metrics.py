@@ -241,6 +241,15 @@ class StatsCollector(Collector):
         for outcome, value in sorted(doc.get("fs_hidden", {}).items()):
             hidden.add_metric([outcome], value)
         yield hidden
+        ahead = doc.get("fs_read_ahead", {})
+        read_ahead = CounterMetricFamily("kvgw_fs_read_ahead_frames", "Batch-read frames whose chunk was opened "
+                                         "ahead (taken) or came before the read-ahead pass reached it (missed).",
+                                         labels=["outcome"])
+        for outcome in ("taken", "missed"):
+            read_ahead.add_metric([outcome], ahead.get(outcome, 0))
+        yield read_ahead
+        yield GaugeMetricFamily("kvgw_fs_read_ahead_bytes", "Bytes of chunks opened ahead and not sent yet.",
+                                value=ahead.get("bytes", 0))
         moved = CounterMetricFamily("kvgw_moved_bytes", "Bytes copied between tiers, by direction.",
                                     labels=["direction"])
         for direction, value in sorted(doc.get("moved_bytes", {}).items()):

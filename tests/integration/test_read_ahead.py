@@ -71,6 +71,9 @@ def test_later_frames_are_served_from_chunks_opened_ahead(client: httpx.Client, 
     report = read_ahead(client)
     assert report["taken"] >= ready
     assert (report["ready"], report["bytes"]) == (0, 0)  # nothing left open
+    metrics = client.get("/metrics").text
+    assert f'kvgw_fs_read_ahead_frames_total{{outcome="taken"}} {float(report["taken"])}' in metrics
+    assert "kvgw_fs_read_ahead_bytes 0.0" in metrics
 
 
 def test_a_chunk_deleted_while_opened_ahead_is_not_served(client: httpx.Client, server: ServerProcess) -> None:
