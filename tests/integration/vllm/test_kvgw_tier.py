@@ -151,7 +151,7 @@ def test_a_gateway_stopped_mid_job(
         b.store(more, blocks(2))  # the gateway is down: the store job fails, reported to vLLM
         assert b.tiers[0].stats()["tier"]["store.failed"] == 2
 
-        ServerProcess(data_dir=server.data_dir, port=server.port).start()
+        server_factory(data_dir=server.data_dir, port=server.port).start()  # stopped with the test
 
         def loads_again() -> bool:
             return bool(engines([tier]).load(keys).data == data)
