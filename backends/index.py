@@ -333,12 +333,23 @@ class _Writer:
             return
 
 
-def alive_in(txn: lmdb.Transaction, digests: Sequence[bytes], now: float) -> list[bool]:
+def nothing_expired(txn: lmdb.Transaction, expiry_db: Any, now: float) -> bool:
+    """Whether no chunk in ``txn``'s view has expired at ``now``: the soonest expiry (the first key of
+    ``expiry_db``, kept in step with the records in the same transactions) lies ahead, or none expires."""
+    soonest = txn.cursor(db=expiry_db)
+    return not soonest.first() or _EXPIRY.unpack_from(soonest.key())[0] > now
+
+
+def alive_in(txn: lmdb.Transaction, digests: Sequence[bytes], now: float, expiry_db: Any) -> list[bool]:
     """Which digests ``txn``'s chunks database holds and not expired, with no IndexEntry built: the
-    gets run from C (``map``) and of each record only the expiry (0.0: never) is decoded. Also what
+    gets run from C (``map``). ``expiry_db`` (the index's expiry order, written in the same
+    transactions as the records) gives the soonest expiry: while it lies ahead, no record can have
+    expired and none is decoded; otherwise each record's expiry (0.0: never) is. Also what
     ``kvgw bench floor``'s indexed responder runs, the floor of an LMDB-indexed lookup."""
-    unpack = _EXPIRES.unpack_from
     raws = list(map(txn.get, digests))
+    if nothing_expired(txn, expiry_db, now):
+        return [raw is not None for raw in raws]
+    unpack = _EXPIRES.unpack_from
     return [raw is not None and ((expires := unpack(raw, _EXPIRES_AT)[0]) == 0.0 or expires > now)
             for raw in raws]
 
@@ -438,7 +449,7 @@ class ChunkIndex:
         """Which digests are indexed and not expired: the exists path (``alive_in``), in one read
         transaction."""
         with self._remap, self._begin(db=self.chunks_db) as txn:
-            return alive_in(txn, digests, now)
+            return alive_in(txn, digests, now, self.expiry_db)
 
     def sizes_many(self, digests: Sequence[bytes]) -> list[int]:
         """Each chunk's size (0 if not indexed), with no IndexEntry built: what a read lease records."""
@@ -467,6 +478,12 @@ class ChunkIndex:
         count = 0
         with self._remap, self._begin(db=self.chunks_db) as txn:
             get = txn.get
+            if nothing_expired(txn, self.expiry_db, now):
+                for raw in map(get, digests):
+                    if raw is None:
+                        break
+                    count += 1
+                return count
             for digest in digests:
                 raw = get(digest)
                 if raw is None:

@@ -370,13 +370,14 @@ class IndexedLookups:
 
         self._env = lmdb.open(str(index_dir), readonly=True, lock=True, max_dbs=16)
         self._chunks = self._env.open_db(b"chunks", create=False)
+        self._expiry = self._env.open_db(b"expiry", create=False)
         self._bucket = bucket
 
     def exists_json(self, body: bytes) -> bytes:
         """The answer's JSON body alone (``kvgw bench dataplane``'s servers frame it themselves)."""
         keys = orjson.loads(body)["keys"]
         with self._env.begin(db=self._chunks) as txn:
-            alive = alive_in(txn, digest_many(self._bucket, keys), time.time())
+            alive = alive_in(txn, digest_many(self._bucket, keys), time.time(), self._expiry)
         answer: bytes = orjson.dumps({"exists": alive})
         return answer
 

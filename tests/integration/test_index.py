@@ -59,6 +59,31 @@ async def test_alive_reads_answer_like_full_entries(tmp_path: Path) -> None:
         index.close()
 
 
+async def test_alive_reads_follow_expiry_changes(tmp_path: Path) -> None:
+    """While the soonest expiry lies ahead the records' expiries are not decoded: the expiry order
+    must follow every change, or an expired chunk would answer as alive."""
+    index = ChunkIndex(tmp_path / "idx")
+    try:
+        a, b = chunk_digest("kvcache", "a"), chunk_digest("kvcache", "b")
+        await index.put_many([(a, entry("a", expires=100.0)), (b, entry("b", expires=300.0))])
+        assert index.alive_many([a, b], now=50.0) == [True, True]  # soonest (100) ahead
+        assert index.alive_many([a, b], now=200.0) == [False, True]
+        assert (index.alive_prefix([b, a], now=50.0), index.alive_prefix([b, a], now=200.0)) == (2, 1)
+        await index.put(a, entry("a", expires=400.0))  # a rewritten with a later expiry
+        assert index.alive_many([a, b], now=200.0) == [True, True]
+        assert index.alive_many([a, b], now=350.0) == [True, False]
+        await index.put(b, entry("b"))  # b now never expires
+        assert index.alive_many([a, b], now=350.0) == [True, True]
+        assert index.alive_many([a, b], now=500.0) == [False, True]
+        await index.delete(a)
+        assert index.alive_many([a, b], now=500.0) == [False, True]  # no expiring chunk left
+        assert index.alive_prefix([b, a], now=500.0) == 1
+        await index.put(a, entry("a", expires=450.0))  # a new expiring chunk, already due
+        assert index.alive_many([a, b], now=500.0) == [False, True]
+    finally:
+        index.close()
+
+
 async def test_map_grows_instead_of_failing(tmp_path: Path) -> None:
     index = ChunkIndex(tmp_path / "idx", map_size=64 * 1024)
     try:
