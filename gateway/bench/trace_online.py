@@ -32,8 +32,9 @@ from urllib.parse import quote
 import httpx
 
 from gateway.bench.launcher import KvgwProcess, moto_server
-from gateway.bench.trace_sim import BLOCK_TOKENS, TraceRequest, load_trace, simulate_named
+from gateway.bench.trace_sim import BLOCK_TOKENS, TraceRequest, conversation_ends, load_trace, simulate_named
 from kvgw_client import wire
+from kvgw_client.wire import Hint
 
 ROOT_AK = "KVBENCHROOTACCESSKEY"
 ROOT_SK = "kvgw-bench-root-secret"
@@ -89,7 +90,7 @@ def trace_gateway(args: argparse.Namespace, capacity_blocks: int) -> Iterator[st
 
 
 async def _replay_one(client: httpx.AsyncClient, req: TraceRequest, capacity_blocks: int, trace: str,
-                      payload: bytes, stats: Stats) -> None:
+                      payload: bytes, stats: Stats, hints: bool) -> None:
     keys = [f"{trace}@{h}" for h in req.hash_ids]
     base = f"/v1/buckets/{BUCKET}"
     try:
@@ -116,6 +117,10 @@ async def _replay_one(client: httpx.AsyncClient, req: TraceRequest, capacity_blo
             stats.put_latencies.append(time.perf_counter() - started)
             if r.status_code not in (200, 201):
                 stats.error(f"PUT {r.status_code} {r.text[:80]}")
+        if hints and req.last:  # what an engine sends when the conversation closes
+            r = await client.post(f"{base}/hints", json={"hint": Hint.SESSION_ENDED.value, "keys": keys})
+            if r.status_code != 200:
+                stats.error(f"hints {r.status_code} {r.text[:80]}")
     except httpx.HTTPError as exc:
         stats.error(type(exc).__name__)
 
@@ -136,7 +141,7 @@ async def replay(url: str, requests: list[TraceRequest], args: argparse.Namespac
             if delay > 0:
                 await asyncio.sleep(delay)
             await slots.acquire()
-            task = asyncio.create_task(_replay_one(client, req, capacity_blocks, trace, payload, stats))
+            task = asyncio.create_task(_replay_one(client, req, capacity_blocks, trace, payload, stats, args.hints))
             task.add_done_callback(lambda _: slots.release())
             tasks.append(task)
         await asyncio.gather(*tasks)
@@ -155,6 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=200.0, help="replay this many times faster")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--s3", action="store_true", help="demote evicted chunks to a moto S3 server")
+    p.add_argument("--hints", action="store_true",
+                   help="send session-ended after each conversation's last request (conversation_ends)")
     p.add_argument("--data-dir", type=Path, default=None, help="where the gateway's temp data dir goes")
     p.add_argument("--json", type=Path, metavar="OUT")
     return p
@@ -162,17 +169,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    requests = load_trace(args.trace)[: args.max_requests]
+    requests = load_trace(args.trace)
+    if args.hints:  # ends judged on the whole trace: a conversation continued after the replayed part goes on
+        requests = conversation_ends(requests)
+    requests = requests[: args.max_requests]
     capacity_blocks = args.capacity_tokens // BLOCK_TOKENS
     with trace_gateway(args, capacity_blocks) as url:
         started = time.monotonic()
         stats = asyncio.run(replay(url, requests, args, capacity_blocks))
         wall = time.monotonic() - started
         moved = httpx.get(f"{url}/v1/admin/stats", headers={"Authorization": f"Bearer {ROOT_AK}:{ROOT_SK}"}).json()
-    sim = simulate_named(requests, args.policy, capacity_blocks).hit_rate
+    sim = simulate_named(requests, args.policy, capacity_blocks, hints=args.hints).hit_rate
     online = stats.hit_tokens / stats.total_tokens if stats.total_tokens else 0.0
     result = {
         "trace": args.trace.name, "policy": args.policy, "capacity_tokens": args.capacity_tokens,
+        "hints": args.hints,
         "requests": len(requests), "hit_rate": online, "sim_hit_rate_same_requests": sim,
         "get_p50_ms": 1000 * _percentile(stats.get_latencies, 0.5),
         "get_p99_ms": 1000 * _percentile(stats.get_latencies, 0.99),
@@ -182,7 +193,8 @@ def main(argv: list[str]) -> int:
         "errors": stats.errors, "error_kinds": stats.error_kinds, "wall_seconds": round(wall, 1),
     }
     print(f"trace {args.trace.name}: first {len(requests)} requests, policy {args.policy}, "
-          f"capacity {args.capacity_tokens} tokens ({capacity_blocks} blocks x {args.block_bytes} B)")
+          f"capacity {args.capacity_tokens} tokens ({capacity_blocks} blocks x {args.block_bytes} B)"
+          f"{', session-ended hints' if args.hints else ''}")
     print(f"  token-weighted prefix hit rate  online {online:.4f}   simulator (same requests) {sim:.4f}")
     print(f"  GET per chunk p50 {result['get_p50_ms']:.2f} ms  p99 {result['get_p99_ms']:.2f} ms   "
           f"PUT p50 {result['put_p50_ms']:.2f} ms  p99 {result['put_p99_ms']:.2f} ms")

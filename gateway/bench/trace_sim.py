@@ -35,6 +35,7 @@ import heapq
 import json
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -70,6 +71,7 @@ class TraceRequest:
     session: int = -1  # the user whose request it is, when the trace says (the QA workload; Mooncake: -1)
     last: bool = False  # the session's last request: an engine hint says so after it (``--hints``)
     block_tokens: int = BLOCK_TOKENS  # tokens per block (the traces': 512)
+    one_off_writes: bool = False  # known as the last while it is stored: its writes are one-off (``--hints``)
 
     @property
     def last_block_tokens(self) -> int:
@@ -110,11 +112,28 @@ def load_trace(path: str | Path) -> list[TraceRequest]:
         for line in fh:
             if line.strip():
                 rec = json.loads(line)
+                last = bool(rec.get("last", False))
                 requests.append(
                     TraceRequest(rec["timestamp"] / 1000.0, int(rec["input_length"]), tuple(rec["hash_ids"]),
-                                 int(rec.get("user", -1)), bool(rec.get("last", False)))
+                                 int(rec.get("user", -1)), last, one_off_writes=last)
                 )
     return requests
+
+
+def conversation_ends(requests: Sequence[TraceRequest]) -> list[TraceRequest]:
+    """``requests`` with ``last`` set where no later request continues the conversation: its last full
+    block (whose hash id stands for the whole prefix before it) appears in no later request. The Mooncake
+    traces record no sessions; this is when an engine that knows its sessions (a chat application
+    closing a conversation) sends ``session-ended``. Nobody knows it while the request is stored, so
+    its writes are not one-off. Requests of one block are never marked (they continue nothing)."""
+    seen_later: set[int] = set()
+    out = list(requests)
+    for i in range(len(out) - 1, -1, -1):
+        ids = out[i].hash_ids
+        ended = len(ids) >= 2 and ids[-2] not in seen_later
+        out[i] = replace(out[i], last=ended, one_off_writes=False)
+        seen_later.update(ids)
+    return out
 
 
 def _prefix_hits(req: TraceRequest, cached: Callable[[int], bool]) -> tuple[int, int]:
@@ -131,15 +150,17 @@ def _prefix_hits(req: TraceRequest, cached: Callable[[int], bool]) -> tuple[int,
 
 
 def simulate(requests: Sequence[TraceRequest], policy: EvictionPolicy[int] | SampledPolicy[int],
-             capacity_blocks: int, *, seed: int = 0, hints: bool = False, leader_changes: int = 0) -> SimResult:
+             capacity_blocks: int, *, seed: int = 0, hints: bool = False, hint_delay: float = 0.0,
+             leader_changes: int = 0) -> SimResult:
     """Replay ``requests`` through ``policy`` (sampled or exact) with room for ``capacity_blocks`` blocks.
-    ``seed``: the sampled policies' random source. ``hints``: after a session's last request
-    (``TraceRequest.last``) its blocks get the ``session-ended`` hint, as an engine integration sends it
-    (the exact policies know no hints). ``leader_changes``: that many times, evenly spaced, the lifecycle
+    ``seed``: the sampled policies' random source. ``hints``: ``hint_delay`` seconds after a session's
+    last request (``TraceRequest.last``) its blocks get the ``session-ended`` hint, as an engine
+    integration sends it, and requests with ``one_off_writes`` store one-off chunks (the exact policies
+    know no hints). ``leader_changes``: that many times, evenly spaced, the lifecycle
     leader changes (sampled policies): the new leader's policy starts from the learnt state the old one
     left in the catalog (``export`` / ``restore``), which only ``reuse`` keeps; the others start over."""
     if isinstance(policy, SampledPolicy):
-        return _simulate_sampled(requests, policy, capacity_blocks, seed, hints, leader_changes)
+        return _simulate_sampled(requests, policy, capacity_blocks, seed, hints, hint_delay, leader_changes)
     return _simulate_exact(requests, policy, capacity_blocks)
 
 
@@ -177,7 +198,8 @@ def _empty(requests: Sequence[TraceRequest]) -> SimResult:
 
 
 def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[int], capacity_blocks: int,
-                      seed: int, hints: bool = False, leader_changes: int = 0) -> SimResult:
+                      seed: int, hints: bool = False, hint_delay: float = 0.0, leader_changes: int = 0
+                      ) -> SimResult:
     """The engine's loop in miniature: the index is a ``MemorySource``; the policy learns from the
     source's observations (reads, returns, forgotten ghosts) before each victim, as the engine hands it
     the index's once per pass; victims are evicted (remembered as ghosts) and reported."""
@@ -190,7 +212,11 @@ def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[in
     victim, evicted, learn = policy.victim, policy.evicted, policy.learn
     learns = policy.learns
     changes = {len(requests) * (k + 1) // (leader_changes + 1) for k in range(leader_changes)}
+    ended: deque[tuple[float, tuple[int, ...]]] = deque()  # session-ended hints on their way, by due time
     for i, req in enumerate(requests):
+        while ended and ended[0][0] <= req.timestamp:
+            for block in ended.popleft()[1]:
+                source.mark(block, SESSION_ENDED_MARKS)
         if i in changes:  # a new leader: a policy of its own, from what the old one left in the catalog
             state = policy.export()
             policy = type(policy)()
@@ -209,7 +235,7 @@ def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[in
                 size = req.last_block_tokens if pos == last else req.block_tokens
                 # at the watermark, admission first: with hints a session's last request writes one-off
                 # chunks (as LMCache's connector does), which a full tier declines
-                marks = MARK_ONE_OFF if hints and req.last else 0
+                marks = MARK_ONE_OFF if hints and req.one_off_writes else 0
                 if len(source) >= capacity_blocks and decide(marks=marks) is not None:
                     tally.declined += 1
                     break  # the rest of the request's blocks would have no parent
@@ -227,8 +253,10 @@ def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[in
                 link(block, prev)
             prev = block
         if hints and req.last:
-            for block in ids:
-                source.mark(block, SESSION_ENDED_MARKS)
+            ended.append((req.timestamp + hint_delay, ids))
+            if hint_delay <= 0:
+                for block in ended.popleft()[1]:
+                    source.mark(block, SESSION_ENDED_MARKS)
     return tally.result()
 
 
@@ -332,6 +360,7 @@ def simulate_named(
     *,
     seed: int = 0,
     hints: bool = False,
+    hint_delay: float = 0.0,
     leader_changes: int = 0,
 ) -> SimResult:
     if policy_name == BELADY:
@@ -339,7 +368,7 @@ def simulate_named(
     if policy_name == ORACLE_CLASSES:  # a baseline: statistics measured over the whole trace in advance
         return simulate(requests, OracleClasses(requests), capacity_blocks, seed=seed)
     return simulate(requests, make_sim_policy(policy_name), capacity_blocks, seed=seed, hints=hints,
-                    leader_changes=leader_changes)
+                    hint_delay=hint_delay, leader_changes=leader_changes)
 
 
 def run_sim(trace_path: str | Path, policy_name: str, capacities_tokens: list[int]) -> list[dict[str, object]]:
@@ -417,8 +446,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lru-fraction", type=float, nargs="*", default=[], metavar="F",
                    help="also the capacity at which exact LRU reaches F of its uncapped hit rate")
     p.add_argument("--hints", action="store_true",
-                   help="send the session-ended hint after each session's last request (traces that say "
-                        "which requests end a session: the QA workload)")
+                   help="send the session-ended hint after each session's last request: the QA workload says "
+                        "which requests end a session (and stores them one-off); in a Mooncake trace, a "
+                        "request no later request continues ends its conversation (conversation_ends)")
+    p.add_argument("--hint-delay", type=float, default=0.0, metavar="S",
+                   help="the session-ended hint arrives S seconds after the session's last request")
     p.add_argument("--leader-changes", type=int, default=0, metavar="N",
                    help="the lifecycle leader changes N times, evenly spread (the learnt state the old leader "
                         "kept in the catalog is all the new one has)")
@@ -448,7 +480,8 @@ def qa_requests(params: QAParams, block_tokens: int = BLOCK_TOKENS) -> list[Trac
     out = []
     for req in generate(params):
         hash_ids = tuple(ids.setdefault(name, len(ids)) for name in req.block_names(block_tokens))
-        out.append(TraceRequest(req.timestamp, req.input_length, hash_ids, req.user, req.last, block_tokens))
+        out.append(TraceRequest(req.timestamp, req.input_length, hash_ids, req.user, req.last, block_tokens,
+                                one_off_writes=req.last))
     return out
 
 
@@ -465,6 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         requests = load_trace(args.trace)
         name = args.trace.name
+        if args.hints and not any(req.last for req in requests):
+            requests = conversation_ends(requests)
+            out.write(f"session ends derived from the trace: {sum(req.last for req in requests)} of "
+                      f"{len(requests)} requests end their conversation (no later request continues them)\n")
     capacities = list(args.capacity_tokens)
     for fraction in args.lru_fraction:
         cap = capacity_at_lru_fraction(requests, fraction)
@@ -478,11 +515,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = [(cap, policy) for cap in capacities for policy in policies]
     for cap, policy in progress(steps, f"simulating {name}"):
         res = simulate_named(requests, policy, cap // BLOCK_TOKENS, uses, seed=args.seed, hints=args.hints,
+                             hint_delay=args.hint_delay,
                              leader_changes=args.leader_changes)
         table[policy, cap] = res
         rows.append(_row(name, policy, cap, res))
     out.write(f"trace {name}: {len(requests)} requests, token-weighted prefix hit rate"
               f"{', with session-ended hints' if args.hints else ''}"
+              f"{f' {args.hint_delay:g} s after the last request' if args.hints and args.hint_delay else ''}"
               f"{f', {args.leader_changes} leader changes' if args.leader_changes else ''}\n")
     show_gap = args.policy not in (_LRU, BELADY)
     for label, rate in (("whole trace", "hit_rate"), ("second half (first half warms)", "second_half")):

@@ -19,6 +19,7 @@ import pytest
 from gateway.bench.trace_sim import (
     TraceRequest,
     capacity_at_lru_fraction,
+    conversation_ends,
     load_trace,
     main,
     make_sim_policy,
@@ -127,6 +128,25 @@ def test_the_session_ended_hint_makes_the_ended_session_go_first() -> None:
     for hints, hit in ((False, 512), (True, 1536)):
         res = simulate(trace, make_sim_policy("reuse"), 6, hints=hints)
         assert res.hit_tokens == hit
+
+
+def test_a_delayed_hint_acts_only_once_it_arrives() -> None:
+    """The same four requests: A's session-ended hint lands before C stores (delay 0.5 s) or after
+    C has already evicted B's tail (delay 1.5 s, as if the user closed the chat later)."""
+    trace = [TraceRequest(0.0, 1536, (4, 5, 6), 1), TraceRequest(1.0, 1536, (1, 2, 3), 0, True),
+             TraceRequest(2.0, 1024, (7, 8), 2), TraceRequest(3.0, 1536, (4, 5, 6), 1)]
+    for delay, hit in ((0.5, 1536), (1.5, 512)):
+        assert simulate(trace, make_sim_policy("reuse"), 6, hints=True, hint_delay=delay).hit_tokens == hit
+
+
+def test_conversation_ends_are_the_turns_no_later_request_continues() -> None:
+    trace = [req([1, 2, 3], ts=0.0), req([1, 2, 4, 5], ts=1.0), req([9], ts=2.0), req([1, 6, 7], ts=3.0),
+             req([1, 2, 4, 8], ts=4.0)]
+    ended = conversation_ends(trace)
+    # (1, 2, 3) is continued through block 2; (1, 2, 4, 5) through 4; one block continues nothing
+    assert [r.last for r in ended] == [False, False, False, True, True]
+    assert not any(r.one_off_writes for r in ended)  # nobody knows a turn is the last while storing it
+    assert [r.hash_ids for r in ended] == [r.hash_ids for r in trace]
 
 
 def test_leader_changes_keep_only_what_reuse_exports() -> None:
