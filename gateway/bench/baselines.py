@@ -216,21 +216,26 @@ class PutSink(BaselineProcess):
     """``serve_put_sink``: the floor for a PUT server (issue 14, item 3). ``directory`` None: the
     receive-only sink (issue 31), each body received into one reused buffer and dropped. ``direct``:
     bodies received into page-aligned memory and written with ``O_DIRECT`` from it, as kvgw's direct
-    writes do (``KVGW_FS_DIRECT_WRITES``)."""
+    writes do (``KVGW_FS_DIRECT_WRITES``). ``write_behind_mib``: the write-behind sink (no fsync),
+    acknowledging from an arena of that size and writing with ``O_DIRECT`` behind."""
 
-    def __init__(self, workdir: Path, directory: Path | None, *, fsync: bool, direct: bool = False) -> None:
+    def __init__(self, workdir: Path, directory: Path | None, *, fsync: bool, direct: bool = False,
+                 write_behind_mib: int = 0) -> None:
         super().__init__(workdir)
-        kind = "receive-only" if directory is None else "direct" if direct else "file"
+        kind = ("receive-only" if directory is None else "write-behind" if write_behind_mib
+                else "direct" if direct else "file")
         self.name = f"put-sink-{kind}{'' if fsync else '-no-fsync'}"
         self.log = workdir / f"{self.name}.out"
         self.directory = directory
         self.fsync = fsync
         self.direct = direct
+        self.write_behind_mib = write_behind_mib
 
     def start(self) -> PutSink:
         where = ["--receive-only"] if self.directory is None else ["--put-sink", str(self.directory)]
-        self._spawn([*where, *([] if self.fsync else ["--no-fsync"]), *(["--direct"] if self.direct else [])],
-                    "/probe")
+        behind = ["--write-behind-mib", str(self.write_behind_mib)] if self.write_behind_mib else []
+        self._spawn([*where, *([] if self.fsync else ["--no-fsync"]), *(["--direct"] if self.direct else []),
+                     *behind], "/probe")
         return self
 
     def clear(self) -> None:
@@ -445,7 +450,74 @@ def serve_raw(port: int, answers: dict[bytes, bytes], files: Path | None = None,
 SINK_WAKE_BYTES = 512 << 10  # as kvgw's threaded receives (``intake.THREADED_WAKE_BYTES``): woken per 512 KiB
 
 
-def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bool = False) -> None:
+class WriteBehind:
+    """The write-behind sink's arena and writer (``serve_put_sink``): bodies wait in page-aligned slots,
+    faulted in when first made and reused after (as a store's DRAM arena is), until one writer thread
+    has written them with ``O_DIRECT`` (no fsync) and linked them. Slots are per body size; at most
+    ``arena_bytes`` of them exist, and ``slot`` waits while none is free. Thread-safe."""
+
+    def __init__(self, staging: str, final_dir: str, arena_bytes: int) -> None:
+        import queue
+        import threading
+
+        self.staging, self.final_dir, self.arena_bytes = staging, final_dir, arena_bytes
+        self._lock = threading.Condition()
+        self._free: dict[int, list[memoryview]] = {}
+        self._made = 0  # bytes of slots in existence
+        self._pending: dict[str, threading.Event] = {}  # final path -> set once written
+        self._queue: queue.SimpleQueue[tuple[str, memoryview, int]] = queue.SimpleQueue()
+        threading.Thread(target=self._writer, name="write-behind", daemon=True).start()
+
+    def slot(self, size: int) -> memoryview:
+        """A free slot of ``size`` bytes (waiting for the writer to free one while the arena is full)."""
+        with self._lock:
+            while True:
+                free = self._free.get(size)
+                if free:
+                    return free.pop()
+                if self._made + size <= self.arena_bytes or not self._made:
+                    self._made += size
+                    break
+                spare = next((s for s, slots in self._free.items() if slots and s != size), None)
+                if spare is not None:  # a free slot of another size makes room
+                    self._free[spare].pop()
+                    self._made -= spare
+                    continue
+                self._lock.wait()
+        slot = aligned_buffer(size)
+        slot[:] = bytes(size)  # faulted in now, not on the first receive
+        return slot
+
+    def write(self, name: str, slot: memoryview, length: int) -> str:
+        """Queue ``slot``'s first ``length`` bytes for the writer; the file's final path (written later)."""
+        import threading
+
+        path = f"{self.final_dir}/{name}"
+        with self._lock:
+            self._pending[path] = threading.Event()
+        self._queue.put((name, slot, length))
+        return path
+
+    def written(self, path: str) -> None:
+        """Wait until ``path`` (a ``write`` result) is on disk."""
+        with self._lock:
+            event = self._pending.get(path)
+        if event is not None:
+            event.wait()
+
+    def _writer(self) -> None:
+        while True:
+            name, slot, length = self._queue.get()
+            pieces = (slot[at : min(at + WRITE_PIECE, length)] for at in range(0, length, WRITE_PIECE))
+            path = store_file(self.staging, self.final_dir, name, pieces, fsync=False, direct=True)
+            with self._lock:
+                self._free.setdefault(len(slot), []).append(slot)
+                self._pending.pop(path).set()
+                self._lock.notify_all()
+
+
+def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bool = False,
+                   write_behind_bytes: int = 0) -> None:
     """The floor for an HTTP PUT server in Python here (issue 14, item 3): a thread per keep-alive
     connection that reads each request head, receives the body straight into a 2 MiB buffer
     (``recv_into``, waking per ``SINK_WAKE_BYTES`` with ``SO_RCVLOWAT`` as kvgw's threaded receives
@@ -458,7 +530,14 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bo
     from it, no copy (kvgw's direct writes).
 
     ``directory`` None: the receive-only sink (issue 31): each body is received into the one buffer and
-    dropped, nothing written (a DELETE answers 204, nothing to remove): the floor of any HTTP PUT here."""
+    dropped, nothing written (a DELETE answers 204, nothing to remove): the floor of any HTTP PUT here.
+
+    ``write_behind_bytes`` (with ``directory``, no fsync): the write-behind sink, what a store that
+    acknowledges from memory and keeps every chunk spends (the DRAM KV stores of issue 31: a DRAM arena
+    written out to disk behind the acknowledgement). Each body is received whole into a slot of an arena
+    of that many bytes (``WriteBehind``: page-aligned, faulted in once), answered 201 at once, and
+    written to its file with ``O_DIRECT`` by a writer thread, which then frees the slot; a receive waits
+    for room when the arena is full, so over a run longer than the arena lasts the writes set the pace."""
     import select
     import socket
     import threading
@@ -468,10 +547,14 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bo
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
     names = itertools.count()
+    behind = (WriteBehind(str(staging), str(final), write_behind_bytes)
+              if write_behind_bytes and staging is not None and final is not None else None)
 
-    def received(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> Iterator[memoryview]:
+    def received(conn: socket.socket, first: memoryview, length: int, buffer: memoryview, *,
+                 whole: bool = False) -> Iterator[memoryview]:
         """The body in ``WRITE_PIECE`` pieces, each received into ``buffer`` (``first``: the bytes that
-        came with the head); a piece is overwritten only after the caller asked for the next."""
+        came with the head); a piece is overwritten only after the caller asked for the next. ``whole``:
+        each piece lands after the one before it (``buffer`` holds the whole body)."""
         at = 0
         lowat = 1
         poller = select.poll()
@@ -479,12 +562,13 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bo
         try:
             while at < length:
                 size = min(WRITE_PIECE, length - at)
+                piece = buffer[at : at + size] if whole else buffer[:size]
                 got = min(len(first), size)
-                buffer[:got] = first[:got]
+                piece[:got] = first[:got]
                 first = first[got:]
                 while got < size:
                     try:  # what has arrived, without waiting
-                        n = conn.recv_into(buffer[got:size], 0, socket.MSG_DONTWAIT)
+                        n = conn.recv_into(piece[got:], 0, socket.MSG_DONTWAIT)
                     except BlockingIOError:
                         # sleep until this much has arrived, not per segment, as kvgw's threaded receives
                         # do: never more than the piece has left, and never in a blocking recv (a recv
@@ -498,13 +582,18 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bo
                     if not n:
                         raise ConnectionError("the client went away mid-body")
                     got += n
-                yield buffer[:size]
+                yield piece
                 at += size
         finally:
             if lowat != 1:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # request heads are small
 
     def store(conn: socket.socket, first: memoryview, length: int, buffer: memoryview) -> str | None:
+        if behind is not None:
+            slot = behind.slot(length)
+            for _ in received(conn, first, length, slot, whole=True):
+                pass
+            return behind.write(f"{os.getpid()}-{next(names)}", slot, length)
         pieces = received(conn, first, length, buffer)
         if staging is None or final is None:
             for _ in pieces:
@@ -534,6 +623,8 @@ def serve_put_sink(port: int, directory: Path | None, *, fsync: bool, direct: bo
                     conn.sendall(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n")
                 elif head.startswith(b"delete ") and (stored is not None or directory is None):
                     if stored is not None:
+                        if behind is not None:
+                            behind.written(stored)
                         os.unlink(stored)
                     stored = None
                     pending = bytearray(rest[length:])
@@ -576,9 +667,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-fsync", action="store_true", help="--put-sink: write without fsync")
     parser.add_argument("--direct", action="store_true",
                         help="--put-sink: receive into page-aligned memory and write whole pieces with O_DIRECT")
+    parser.add_argument("--write-behind-mib", type=int, default=0, metavar="MIB",
+                        help="--put-sink --no-fsync: answer each PUT once received into an arena of MIB MiB, "
+                             "write it with O_DIRECT behind (the write-behind sink)")
     args = parser.parse_args(argv)
     if args.put_sink is not None or args.receive_only:
-        serve_put_sink(args.port, args.put_sink, fsync=not args.no_fsync, direct=args.direct)
+        serve_put_sink(args.port, args.put_sink, fsync=not args.no_fsync, direct=args.direct,
+                       write_behind_bytes=args.write_behind_mib << 20)
         return 0
     if args.raw:
         answers = {k.encode(): v.encode() for k, v in (item.split("=", 1) for item in args.answer)}

@@ -115,6 +115,8 @@ RAW_WRITE_NOFSYNC = "raw write+link"
 PUT_SINK = "PUT sink, fsync"  # serve_put_sink: the floor for an HTTP PUT server
 PUT_SINK_NOFSYNC = "PUT sink, no fsync"
 RECEIVE_SINK = "receive-only sink"  # serve_put_sink storing nothing: the floor of any HTTP PUT (issue 31)
+WRITE_BEHIND_SINK = "write-behind sink"  # acks from a memory arena, O_DIRECT behind: a DRAM store's floor
+WRITE_BEHIND_MIB = 128  # its arena: at most this much of a round's PUTs is written after the round's clock stops
 FASTAPI = "FastAPI dict route"
 RAW_RESPONDER = "raw-socket responder"
 RAW_STREAM = "raw socket stream"
@@ -199,6 +201,7 @@ class Bench:
     responder: RawResponder
     sinks: dict[bool, PutSink] = field(default_factory=dict)  # by fsync: the PUT floor's servers
     receive_sink: PutSink | None = None  # the receive-only sink (PUT cells without fsync)
+    write_behind_sink: PutSink | None = None  # the write-behind sink (PUT cells without fsync)
     payloads: dict[int, bytearray] = field(default_factory=dict)
     get_keys: dict[int, list[str]] = field(default_factory=dict)
     batch_keys: list[str] = field(default_factory=list)
@@ -212,8 +215,9 @@ class Bench:
         pids = [os.getpid(), *self.kvgw.pids(), *self.nginx.pids(), *self.fastapi.pids(), *self.responder.pids()]
         if self.kvgw_nofsync is not None:
             pids += self.kvgw_nofsync.pids()
-        for sink in (*self.sinks.values(), *([self.receive_sink] if self.receive_sink is not None else [])):
-            pids += sink.pids()
+        for sink in (*self.sinks.values(), self.receive_sink, self.write_behind_sink):
+            if sink is not None:
+                pids += sink.pids()
         return pids
 
     def measure(self, target: str, op: str, size: int, clients: int, rnd: int, run: Callable[[], Stats],
@@ -522,6 +526,9 @@ class Bench:
                             (PUT_SINK_NOFSYNC, self.put_sink(self.sinks[False], PUT_SINK_NOFSYNC, size, c))]
                     if self.receive_sink is not None:
                         runs.append((RECEIVE_SINK, self.put_sink(self.receive_sink, RECEIVE_SINK, size, c)))
+                    if self.write_behind_sink is not None:
+                        runs.append((WRITE_BEHIND_SINK,
+                                     self.put_sink(self.write_behind_sink, WRITE_BEHIND_SINK, size, c)))
                     out.append(Cell("PUT", size, c, runs))
         for size in sizes if "get" in ops else ():
             for c in clients:
@@ -821,10 +828,12 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
         rows.clear()
 
     pairs = [("PUT", KVGW, RAW_WRITE), ("PUT", KVGW, PUT_SINK), ("PUT", KVGW_NOFSYNC, RAW_WRITE_NOFSYNC),
-             ("PUT", KVGW_NOFSYNC, PUT_SINK_NOFSYNC), ("PUT", KVGW_NOFSYNC, RECEIVE_SINK), ("GET", KVGW, NGINX),
+             ("PUT", KVGW_NOFSYNC, PUT_SINK_NOFSYNC), ("PUT", KVGW_NOFSYNC, RECEIVE_SINK),
+             ("PUT", KVGW_NOFSYNC, WRITE_BEHIND_SINK), ("PUT", WRITE_BEHIND_SINK, RECEIVE_SINK), ("GET", KVGW, NGINX),
              ("GET", KVGW_SERVER_VERIFIED, NGINX), ("GET", KVGW, VERIFIED_SENDER),
              ("GET", KVGW_SERVER_VERIFIED, VERIFIED_SENDER), ("GET", KVGW, RAW_READ)]
-    labels = {KVGW_NOFSYNC: " (no fsync)", KVGW_SERVER_VERIFIED: " (server-verified)"}
+    labels = {KVGW_NOFSYNC: " (no fsync)", KVGW_SERVER_VERIFIED: " (server-verified)",
+              WRITE_BEHIND_SINK: f" ({WRITE_BEHIND_SINK} as kvgw)"}
     for op, mine, base in pairs:
         for size in args.sizes:
             for c in args.clients:
@@ -1055,7 +1064,11 @@ def main(argv: list[str]) -> int:
         receive_sink = PutSink(work / "put-sink", None, fsync=False).start() if with_nofsync else None
         if receive_sink is not None:
             procs.append(receive_sink)
-        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder, sinks, receive_sink)
+        behind = (PutSink(work / "put-sink", work / "put-sink-w", fsync=False,
+                          write_behind_mib=WRITE_BEHIND_MIB).start() if with_nofsync else None)
+        if behind is not None:
+            procs.append(behind)
+        bench = Bench(args, work, kvgw, nofsync, nginx, fastapi, responder, sinks, receive_sink, behind)
         print(f"kvgw bench io, {started:%Y-%m-%d %H:%M} UTC: work dir {work} ({_fs_type(work)}), sizes "
               f"{', '.join(fmt_size(s) for s in args.sizes)}, clients {args.clients}, {args.rounds} rounds of "
               f"{args.duration:g} s, {os.cpu_count()} cores, load {load_before[0]:.2f}, ops {','.join(args.ops)}"

@@ -16,7 +16,7 @@ from gateway.bench.baselines import find_nginx
 from tests.requirements import require_or_skip
 
 PUT_TARGETS = {io.KVGW, io.RAW_WRITE, io.PUT_SINK, io.KVGW_NOFSYNC, io.RAW_WRITE_NOFSYNC, io.PUT_SINK_NOFSYNC,
-               io.RECEIVE_SINK}
+               io.RECEIVE_SINK, io.WRITE_BEHIND_SINK}
 ISSUE_31_PUT_TARGETS = [
     f"PUT 8 MiB, {c} client{'s' if c > 1 else ''}, {what}" for c in (1, 8) for what in (
         "fsync: kvgw server CPU per GiB", f"fsync: kvgw / {io.RAW_WRITE} throughput",
