@@ -85,6 +85,7 @@ Payload = Buffer | Sequence[Buffer]
 _WRITE_SLICE = 1 << 20
 _BRIDGE_DEPTH = 4
 _TOUCH_AFTER_S = 0.25  # at most this long between a direct read and the touch that reports it
+MAX_JSON_ANSWER = 64 << 20  # a bucket call's JSON answer longer than this is refused (a locate of 1024 keys: ~0.2 MB)
 
 
 class PutOutcome(enum.StrEnum):
@@ -177,7 +178,8 @@ class KvgwClient:
         base = settings.url.rstrip("/")
         self._probe_url = URL(base + settings.health.probe_path, encoded=True)
         self._bucket_url = f"{base}{wire.API_PREFIX}/buckets/{quote(settings.bucket, safe='')}"
-        self._batch_get_path = f"{URL(self._bucket_url, encoded=True).raw_path}/batch-get"
+        self._bucket_path = URL(self._bucket_url, encoded=True).raw_path
+        self._batch_get_path = f"{self._bucket_path}/batch-get"
         self._headers = {"User-Agent": "kvgw-client/0.1"}
         if settings.access_key is not None:
             self._headers["Authorization"] = f"Bearer {settings.access_key}:{settings.secret_key}"
@@ -629,17 +631,26 @@ class KvgwClient:
         return await self._policy.attempts(op, lambda: self._post_attempt(op, endpoint, body, parse))
 
     async def _post_attempt(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T]) -> T:
-        url = URL(f"{self._bucket_url}/{endpoint}", encoded=True)
-        async with (
-            translate(op),
-            asyncio.timeout(self.settings.timeouts.control),
-            self._http().post(url, json=body) as resp,
-        ):
-            if resp.status != 200:
-                raise await error_from(resp)
-            raw = await resp.read()
+        """One POST of a JSON ``body`` on a stream connection (``kvgw_client.stream``, as batch-get's):
+        no aiohttp request cycle on the lookup path. The answer is read whole (up to
+        ``MAX_JSON_ANSWER`` bytes) before the connection goes back to the pool."""
+        pool = self._stream_pool()
+        request = post_request(pool, f"{self._bucket_path}/{endpoint}", json.dumps(body).encode(), self._headers)
+        answer = Collect(MAX_JSON_ANSWER)
+        async with translate(op), asyncio.timeout(self.settings.timeouts.control):
+            conn, head = await pool.request(request, lambda _head: answer)
+            try:
+                await conn.done
+            finally:
+                if not conn.done.done():
+                    conn.abort()  # cancelled or timed out mid-answer: the connection cannot be reused
+                pool.release(conn)
+        if head.status != 200:
+            raise error_for(head.status, head.reason, head.headers.get(wire.H_REQUEST_ID), answer.data)
+        if answer.truncated:
+            raise ProtocolError(f"{op}: answer longer than {MAX_JSON_ANSWER} bytes")
         try:
-            doc = json.loads(raw)
+            doc = json.loads(answer.data)
         except ValueError as exc:
             raise ProtocolError(f"{op}: response is not JSON") from exc
         return parse(doc)

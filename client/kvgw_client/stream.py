@@ -1,4 +1,5 @@
-"""Batch-get streams read from the socket straight into their destinations: one copy per byte.
+"""Batch-get streams read from the socket straight into their destinations: one copy per byte; and
+the client's small JSON calls (lookups, hints) on the same connections, without aiohttp's request cycle.
 
 Through aiohttp a batch-get's body reached the caller's buffer by three copies: out of the socket into
 a new ``bytes`` per read, again where its parser slices chunked data, and into the destination
@@ -60,13 +61,18 @@ class BodySink:
 
 
 class Collect(BodySink):
-    """A (small) body kept whole, up to ``ERROR_BODY_LIMIT`` bytes (the rest dropped): an error's JSON."""
+    """A (small) body kept whole, up to ``limit`` bytes (the rest dropped, ``truncated`` set): an
+    error's JSON, or a JSON answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = ERROR_BODY_LIMIT) -> None:
         self.data = bytearray()
+        self.limit = limit
+        self.truncated = False
 
     def feed(self, data: memoryview) -> None:
-        self.data += data[: max(0, ERROR_BODY_LIMIT - len(self.data))]
+        room = max(0, self.limit - len(self.data))
+        self.truncated |= len(data) > room
+        self.data += data[:room]
 
 
 class BatchSink(BodySink):

@@ -87,6 +87,21 @@ def test_large_key_lists_are_split_into_calls(
     assert proxy.ops("prefix") == 3 and proxy.ops("batch_get") == 3
 
 
+def test_lookup_answers_of_any_length_are_read_whole(
+    proxy: HttpFaultProxy, make_client: Callable[..., KvgwClient], names: Callable[[str], str]
+) -> None:
+    """Lookups are read on the client's stream connections (as batch-get is), which keep an error's
+    body only up to 64 KiB: an answer for 30,000 keys (~170 KB of JSON) must still arrive whole, and
+    the connection serve the next call."""
+    client = make_client(proxy.url, max_keys_per_call=30_000)
+    stored = names("stored")
+    client.blocking.put(stored, b"x")
+    keys = [names(f"absent-{i:05d}") for i in range(29_999)] + [stored]
+    assert client.blocking.exists(keys) == [False] * 29_999 + [True]
+    assert client.blocking.exists(keys[-1:]) == [True]
+    assert proxy.ops("exists") == 2
+
+
 def test_get_into_copies_straight_into_the_callers_buffer(kvgw_client: KvgwClient, names: Callable[[str], str]) -> None:
     key_a = names("a")
     kvgw_client.blocking.put(key_a, b"0123456789")
