@@ -36,7 +36,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -172,7 +172,7 @@ class KvgwClient:
             clock=clock, rand=rand,
         )
         self._session: aiohttp.ClientSession | None = None
-        self._streams: StreamPool | None = None  # batch-get's connections
+        self._streams: dict[str, StreamPool] = {}  # connections by use: "bulk" (batch-get), "calls" (JSON calls)
         self._write_gate: asyncio.Semaphore | None = None
         self._closed = False
         base = settings.url.rstrip("/")
@@ -634,7 +634,7 @@ class KvgwClient:
         """One POST of a JSON ``body`` on a stream connection (``kvgw_client.stream``, as batch-get's):
         no aiohttp request cycle on the lookup path. The answer is read whole (up to
         ``MAX_JSON_ANSWER`` bytes) before the connection goes back to the pool."""
-        pool = self._stream_pool()
+        pool = self._stream_pool("calls")
         request = post_request(pool, f"{self._bucket_path}/{endpoint}", json.dumps(body).encode(), self._headers)
         answer = Collect(MAX_JSON_ANSWER)
         async with translate(op), asyncio.timeout(self.settings.timeouts.control):
@@ -1042,15 +1042,18 @@ class KvgwClient:
         if failure is not None:
             yield failure
 
-    def _stream_pool(self) -> StreamPool:
-        """The keep-alive connections batch-get streams are read on (``kvgw_client.stream``)."""
-        if self._streams is None:
+    def _stream_pool(self, use: Literal["bulk", "calls"] = "bulk") -> StreamPool:
+        """The keep-alive connections (``kvgw_client.stream``) for one ``use``: ``bulk`` for batch-get
+        streams, ``calls`` for the small JSON calls, each with ``pool_size`` connections, so a lookup
+        never waits for a connection behind a full set of long batch-gets."""
+        pool = self._streams.get(use)
+        if pool is None:
             if self._closed:
                 raise ClientClosed()
-            self._streams = StreamPool(self.settings.url, self.settings.ssl_context(),
-                                       connections=self.settings.pool_size,
-                                       connect_timeout=self.settings.timeouts.connect)
-        return self._streams
+            pool = self._streams[use] = StreamPool(self.settings.url, self.settings.ssl_context(),
+                                                   connections=self.settings.pool_size,
+                                                   connect_timeout=self.settings.timeouts.connect)
+        return pool
 
     def _report_damaged(self, keys: list[str]) -> None:
         """``_report_damaged_now``, in the background (the read that found the damage goes on)."""
@@ -1094,9 +1097,9 @@ class KvgwClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        if self._streams is not None:
-            self._streams.close()
-            self._streams = None
+        for pool in self._streams.values():
+            pool.close()
+        self._streams.clear()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
