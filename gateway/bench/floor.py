@@ -16,7 +16,10 @@ round:
 - ``kvgw``: the real gateway (the chunks present): what kvgw's own work costs above that; its
   lookups are answered by the lookup lane (``gateway.dataplane.lane``), inside the protocol;
 - ``kvgw, lane off``: the same gateway with ``KVGW_LOOKUP_LANE=false``, every call through the
-  request cycle and the ASGI app: what the lane saves, in the same rounds.
+  request cycle and the ASGI app: what the lane saves, in the same rounds;
+- ``kvgw client``: the same ``exists`` through kvgw's own client (``KvgwClient.blocking.exists``, from
+  a plain thread, as LMCache's lookups and vLLM's tier ask): what an engine waits for, with the client's
+  own CPU per call (this process: the calling thread and the client's I/O thread).
 
 Then the gateway's ASGI app, and its lookup lane's answer, are driven in this process with no socket
 at all (uvloop, a bucket of the same chunks): the microseconds of Python each call costs by itself.
@@ -49,6 +52,7 @@ INDEXED = "raw-socket + kvgw's index"
 CANNED = "server + canned ASGI"
 KVGW = "kvgw"
 KVGW_NO_LANE = "kvgw, lane off"
+KVGW_CLIENT = "kvgw client"
 EXISTS = f"exists {META_KEYS} keys"
 HEAD = "HEAD"
 
@@ -106,6 +110,7 @@ class CannedAsgi(BaselineProcess):
 class Round:
     p50_us: float
     cpu_us: float  # server CPU per call
+    client_cpu_us: float | None = None  # the caller's CPU per call (kvgw's client only)
 
 
 def measure(address: Address, pids: list[int], request: LoadRequest, duration: float) -> Round:
@@ -115,6 +120,29 @@ def measure(address: Address, pids: list[int], request: LoadRequest, duration: f
         raise RuntimeError(f"{request.method} {request.target} to {address}: {stats.errors} errors, "
                            f"{stats.error_samples[:2]}")
     return Round(stats.percentile(0.5) * 1e6, (total_cpu_seconds(pids) - before) / stats.ops * 1e6)
+
+
+def measure_client(url: str, pids: list[int], duration: float) -> Round:
+    """``exists`` of the lookup keys through ``KvgwClient.blocking`` for ``duration`` seconds."""
+    from kvgw_client.config import ClientSettings
+    from kvgw_client.http import KvgwClient
+
+    keys = lookup_keys()
+    client = KvgwClient(ClientSettings(url=url, bucket=BUCKET))
+    try:
+        if not all(client.blocking.exists(keys)):  # the connection opened before the clock starts
+            raise RuntimeError("kvgw client: the lookup keys are not all present")
+        latencies: list[float] = []
+        server0, client0 = total_cpu_seconds(pids), time.process_time()
+        end = time.perf_counter() + duration
+        while (started := time.perf_counter()) < end:
+            client.blocking.exists(keys)
+            latencies.append(time.perf_counter() - started)
+        calls = len(latencies)
+        return Round(statistics.median(latencies) * 1e6, (total_cpu_seconds(pids) - server0) / calls * 1e6,
+                     (time.process_time() - client0) / calls * 1e6)
+    finally:
+        client.close()
 
 
 def requests() -> dict[str, LoadRequest]:
@@ -149,6 +177,9 @@ def over_the_socket(workdir: Path, rounds: int, duration: float) -> dict[tuple[s
             for name, address, pids, ops in servers if rnd % 2 == 0 else servers[::-1]:
                 for op in ops:
                     out.setdefault((name, op), []).append(measure(address, pids, requests()[op], duration))
+                if name == KVGW:
+                    url = f"http://{address[0]}:{address[1]}"
+                    out.setdefault((KVGW_CLIENT, EXISTS), []).append(measure_client(url, pids, duration))
             print(f"  round {rnd + 1}/{rounds} done", file=sys.stderr, flush=True)
         return out
     finally:
@@ -231,7 +262,7 @@ def report(socket_rounds: dict[tuple[str, str], list[Round]], inproc: dict[str, 
 
     lines = ["", f"{'target':24} {'call':16} {'p50 µs':>8} {'server CPU µs/call':>19}"]
     for op in (EXISTS, HEAD):
-        for name in (RAW, INDEXED, CANNED, KVGW, KVGW_NO_LANE):
+        for name in (RAW, INDEXED, CANNED, KVGW, KVGW_NO_LANE, KVGW_CLIENT):
             if (name, op) not in socket_rounds:
                 continue
             lines.append(f"{name:24} {op:16} {med(name, op, 'p50_us'):8.0f} {med(name, op, 'cpu_us'):19.1f}")
@@ -252,6 +283,12 @@ def report(socket_rounds: dict[tuple[str, str], list[Round]], inproc: dict[str, 
                  f"{med(INDEXED, EXISTS, 'cpu_us') - med(RAW, EXISTS, 'cpu_us'):.1f} µs per call above the raw "
                  f"responder; kvgw / that floor: p50 {med(KVGW, EXISTS, 'p50_us') / indexed_p50:.2f}x, server CPU "
                  f"{med(KVGW, EXISTS, 'cpu_us') / med(INDEXED, EXISTS, 'cpu_us'):.2f}x")
+    if (KVGW_CLIENT, EXISTS) in socket_rounds:
+        client_cpu = statistics.median(r.client_cpu_us or 0.0 for r in socket_rounds[(KVGW_CLIENT, EXISTS)])
+        client_p50 = med(KVGW_CLIENT, EXISTS, "p50_us")
+        lines.append(f"{EXISTS} through kvgw's client (blocking, from a plain thread): p50 {client_p50:.0f} µs "
+                     f"({client_p50 / med(KVGW, EXISTS, 'p50_us'):.2f}x the load generator's to the same gateway), "
+                     f"the client's CPU {client_cpu:.0f} µs per call")
     return "\n".join(lines)
 
 

@@ -28,3 +28,9 @@ def test_floor_reports_every_layer(capsys: pytest.CaptureFixture[str]) -> None:
     assert row is not None and int(row[1]) > 0 and float(row[2]) > 0, out
     assert re.search(rf"^{re.escape(floor.EXISTS)}: the index floor: .* / raw p50 [\d.]+x, server CPU [+-][\d.]+ µs "
                      r"per call above the raw responder; kvgw / that floor: p50 [\d.]+x", out, re.MULTILINE), out
+    row = re.search(rf"^{re.escape(floor.KVGW_CLIENT)}\s+{re.escape(floor.EXISTS)}\s+(\d+)\s+([\d.]+)$", out,
+                    re.MULTILINE)
+    assert row is not None and int(row[1]) > 0 and float(row[2]) > 0, out
+    client = re.search(rf"^{re.escape(floor.EXISTS)} through kvgw's client .*: p50 (\d+) µs .* the client's CPU "
+                       r"(\d+) µs per call$", out, re.MULTILINE)
+    assert client is not None and int(client[1]) > 0 and int(client[2]) > 0, out
