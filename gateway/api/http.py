@@ -72,6 +72,19 @@ ZEROCOPY = "http.response.zerocopysend"
 without reading them into Python: kvgw's HTTP server offers it on connections that can (not over TLS)."""
 
 
+BODY_PARTS = "kvgw.response.parts"
+"""kvgw's extension (``scope["extensions"]``, and the message type): a body message whose ``parts`` (a
+list of bytes-like objects) leave in one write, as the body ``b"".join(parts)`` would but without the
+copy: batch-get sends many small frames (header and payload) per write. The parts must stay valid until
+the ``send`` returns."""
+
+
+def takes_parts(scope: Scope) -> bool:
+    """Whether the server answering ``scope`` takes ``BODY_PARTS`` messages."""
+    extensions = scope.get("extensions")
+    return extensions is not None and BODY_PARTS in extensions
+
+
 def sends_files(scope: Scope) -> bool:
     """Whether the server answering ``scope`` takes ``ZEROCOPY`` messages."""
     extensions = scope.get("extensions")

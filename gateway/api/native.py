@@ -53,8 +53,8 @@ from backends.catalog.store import BucketPolicy
 from backends.tiers import TierId
 from gateway import errors
 from gateway.access import Action, Directory
+from gateway.api.frames import FrameSender
 from gateway.api.http import (
-    ZEROCOPY,
     Headers,
     IndexedAnswer,
     RawHeaders,
@@ -72,6 +72,7 @@ from gateway.api.http import (
     send_body,
     send_response,
     sends_files,
+    takes_parts,
 )
 from gateway.buckets import check_chunk_size
 from gateway.chunks import ChunkBody, ChunkInfo, ChunkLocation
@@ -561,6 +562,7 @@ class NativeAPI:
             except KvgwError:
                 return wire.FRAME_ERROR
 
+        frames = FrameSender(send, gather=takes_parts(req.scope))
         pending: asyncio.Task[ChunkBody | int] | None = None
         try:
             pending = asyncio.ensure_future(open_one(infos[0])) if infos else None
@@ -569,21 +571,12 @@ class NativeAPI:
                 opened = await pending
                 pending = asyncio.ensure_future(open_one(infos[i + 1])) if i + 1 < len(infos) else None
                 if isinstance(opened, int):
-                    await send({"type": "http.response.body", "body": wire.encode_frame_header(opened),
-                                "more_body": True})
-                    continue
-                try:
-                    frame = wire.encode_frame_header(wire.FRAME_OK, opened.length, opened.info.checksum)
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
-                    if opened.fd is not None:
-                        await send({"type": ZEROCOPY, "file": opened, "offset": 0, "count": opened.length,
-                                    "more_body": True})
-                    else:
-                        async for piece in opened:
-                            await send({"type": "http.response.body", "body": piece, "more_body": True})
-                finally:
-                    await opened.close()
+                    await frames.status(opened)
+                else:
+                    await frames.chunk(opened)
+            await frames.flush()
         finally:
+            await frames.close()
             if pending is not None:
                 pending.cancel()
                 try:

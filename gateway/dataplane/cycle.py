@@ -9,6 +9,8 @@ What a caller must know:
   connection can send files: not over TLS) sends ``count`` bytes of an open file from ``offset`` with
   ``sendfile(2)`` in a worker thread: the bytes go from the page cache to the socket without entering
   Python (``Connection.send_file``).
+- ``kvgw.response.parts`` (``gateway.api.http.BODY_PARTS``, always advertised): a body message of many
+  buffers written in one ``writelines``, as one chunk of a chunked answer.
 - Every response carries a request id: ``x-kvgw-request-id`` unless the app set it or S3's
   ``x-amz-request-id``.
 - A client gone away: ``receive`` answers ``http.disconnect`` and ``send`` drops what it is given.
@@ -21,10 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.api.http import ZEROCOPY, Message, Scope, new_request_id
+from gateway.api.http import BODY_PARTS, ZEROCOPY, Message, Scope, new_request_id
 from gateway.dataplane.heads import status_line
 from gateway.dataplane.limits import refusal
 from gateway.logs import current_request_id
@@ -152,7 +154,10 @@ class RequestCycle:
             raise RuntimeError(f"{kind} before http.response.start")
         more = bool(message.get("more_body", False))
         if kind == "http.response.body":
-            await self._send_body(message.get("body", b""), more)
+            body = message.get("body", b"")
+            await self._send_parts((body,) if body else (), more)
+        elif kind == BODY_PARTS:
+            await self._send_parts(message["parts"], more)
         elif kind == ZEROCOPY:
             await self._send_file(message["file"], message.get("offset"), message.get("count"), more)
         else:
@@ -160,30 +165,35 @@ class RequestCycle:
         if not more:
             self._complete()
 
-    async def _send_body(self, body: bytes | bytearray | memoryview, more: bool) -> None:
+    async def _send_parts(self, parts: Sequence[bytes | bytearray | memoryview], more: bool) -> None:
+        """One body message of ``parts`` (none: an empty body), in one write: one chunk when chunked."""
         conn = self.conn
+        size = sum(memoryview(part).nbytes for part in parts)
         if self._head_pending:
-            head = self._head(None if more else len(body))
-            if self.head_request or not body:
+            head = self._head(None if more else size)
+            if self.head_request or not size:
                 conn.write(head if more or not self._chunked else head + b"0\r\n\r\n")
                 self._chunked = self._chunked and more  # the terminator went with the head
                 return
-            framed = (b"%x\r\n" % len(body), body, b"\r\n0\r\n\r\n" if not more else b"\r\n") if self._chunked else (
-                body,)
-            if len(body) < LARGE_BODY:
+            framed = (b"%x\r\n" % size, *parts, b"\r\n0\r\n\r\n" if not more else b"\r\n") if self._chunked else (
+                *parts,)
+            if size < LARGE_BODY:
                 conn.write(b"".join((head, *framed)))
             else:
                 conn.writelines([head, *framed])
         elif self.head_request:
             pass
         elif self._chunked:
-            if body:
-                conn.writelines([b"%x\r\n" % len(body), body, b"\r\n0\r\n\r\n" if not more else b"\r\n"])
+            if size:
+                conn.writelines([b"%x\r\n" % size, *parts, b"\r\n0\r\n\r\n" if not more else b"\r\n"])
             elif not more:
                 conn.write(b"0\r\n\r\n")
             self._chunked = more
-        elif body:
-            conn.write(body)
+        elif size:
+            if len(parts) == 1:
+                conn.write(parts[0])
+            else:
+                conn.writelines(list(parts))
         if conn.write_paused:
             await conn.drain()
 

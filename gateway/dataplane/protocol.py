@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 
-from gateway.api.http import THREADED_BODY, ZEROCOPY, plain_body_length
+from gateway.api.http import BODY_PARTS, THREADED_BODY, ZEROCOPY, plain_body_length
 from gateway.dataplane.cycle import RequestCycle, log_access
 from gateway.dataplane.intake import INTAKE_MIN_BYTES, BodyIntake
 from gateway.dataplane.lane import LANE_BODY_LIMIT
@@ -317,7 +317,7 @@ class Connection(asyncio.Protocol):
             "query_string": (parsed.query or b"") if parsed is not None else b"",
             "headers": self._headers,
             "state": {},
-            "extensions": {ZEROCOPY: {}} if self._zerocopy else {},
+            "extensions": {ZEROCOPY: {}, BODY_PARTS: {}} if self._zerocopy else {BODY_PARTS: {}},
         }
         scope.update(notes)
         cycle = RequestCycle(self, scope, keep_alive=parser.should_keep_alive(), expect_continue=expect_continue)
