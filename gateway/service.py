@@ -502,8 +502,10 @@ class ChunkService:
         return info
 
     def touch(self, bucket: BucketPolicy, keys: Sequence[str]) -> int:
-        """Record reads that bypassed the gateway (clients reading chunk files directly from a shared
-        tier directory), so eviction still sees them. Returns how many keys were indexed and alive."""
+        """Record uses the gateway did not serve, so eviction still sees them: reads that bypassed it
+        (clients reading chunk files directly from a shared tier directory), and writes of chunks
+        already stored (the writer computed that prefix again: write-once keeps the stored bytes, and
+        eviction counts the offer as a read). Returns how many keys were indexed and alive."""
         now = self._clock()
         digests = self._digests(bucket, keys)
         touched = 0

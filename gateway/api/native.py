@@ -301,6 +301,7 @@ class NativeAPI:
             if (req.header("if-none-match") or "").strip() == "*":
                 await req.drain(bucket.max_chunk_bytes)
                 raise PreconditionFailed("the key already exists")
+            self.service.touch(bucket, [key])  # offered again: a use, as the trace simulator counts it
             await self._send_existed(req, send, existing, drain_limit=bucket.max_chunk_bytes)
             return
         try:
@@ -314,6 +315,7 @@ class NativeAPI:
             marks=marks,
         )
         if not result.created:
+            self.service.touch(bucket, [key])
             await self._send_existed(req, send, result.info, drain_limit=0)
             return
         headers = self._base_headers(req)

@@ -74,6 +74,23 @@ def test_a_read_after_an_ended_hint_clears_it_a_read_before_it_does_not(
     assert marks(index, key) == 0
 
 
+def test_a_chunk_offered_again_counts_as_used(
+    kvgw_client: KvgwClient, index: IndexView, names: Callable[[str], str]
+) -> None:
+    """A PUT of a stored chunk keeps the stored bytes (write-once) and counts as a use, as the trace
+    simulator counts a stored block a request brings again: recorded, and an ended session's mark gone
+    (another conversation has just computed that prefix)."""
+    c = kvgw_client.blocking
+    key = names("shared-prefix")
+    assert c.put(key, b"prefix") is PutOutcome.STORED
+    assert c.hint(Hint.SESSION_ENDED, [key]) == 1
+    assert marks(index, key) == MARK_ENDED | MARK_SESSION_ENDED
+    assert c.put(key, b"prefix") is PutOutcome.EXISTED
+    wait_for(lambda: (e := index.entry(key)) is not None and e.hits == 1, "the offer recorded as a use")
+    assert marks(index, key) == 0
+    assert c.get(key) == b"prefix"
+
+
 def test_bad_hints_are_refused_with_one_clear_error(
     shared_server: ServerProcess, kvgw_client: KvgwClient, names: Callable[[str], str]
 ) -> None:
