@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     index_map_size: int = 1 << 30
     index_sync: bool = False
     index_allow_network_fs: bool = False
+    # reads are recorded in the index (last access, read count, marks a read clears) in one write
+    # transaction this often: eviction sees a read at most this late
+    index_touch_seconds: float = 1.0
     catalog_refresh_seconds: float = 5.0
     staging_max_age_seconds: float = 3600.0
     # the S3 tier's orphans (data objects no manifest names, stale multipart uploads): the lifecycle

@@ -213,6 +213,7 @@ class Gateway:
             map_size=settings.index_map_size,
             sync=settings.index_sync,
             allow_network_fs=settings.index_allow_network_fs,
+            touch_interval=settings.index_touch_seconds,
         )
         self.fs = PosixTier(settings.fs_root_path, fsync=settings.fsync, direct_writes=settings.fs_direct_writes,
                             visibility_seconds=settings.fs_visibility_seconds)
