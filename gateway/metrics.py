@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.api.http import RETRIED, THREADED_BODY, ZEROCOPY, Message, Receive, Scope, Send
+from gateway.api.http import BODY_PARTS, RETRIED, THREADED_BODY, ZEROCOPY, Message, Receive, Scope, Send
 from gateway.chunks import ThreadedBody, ThreadedOutcome
 from gateway.tally import SpreadFamily, TallyCollector, TallyFamily
 
@@ -157,6 +157,8 @@ class RequestMetrics:
                         bytes_out.inc(len(body))
                 elif kind == ZEROCOPY:
                     bytes_out.inc(message["count"])
+                elif kind == BODY_PARTS:
+                    bytes_out.inc(sum(memoryview(part).nbytes for part in message["parts"]))
                 elif kind == "http.response.start":
                     status = message["status"]
                 await send(message)

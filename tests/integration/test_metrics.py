@@ -54,6 +54,22 @@ def test_metrics_are_protected_like_admin_stats(server: ServerProcess) -> None:
     assert httpx.get(f"{server.url}/metrics", headers={"Authorization": "Bearer nobody:nothing"}).status_code == 401
 
 
+def test_batch_get_bytes_are_counted_however_they_are_written(server: ServerProcess) -> None:
+    """Batch-get frames leave gathered (``kvgw.response.parts``), from a file (``sendfile``) or in
+    pieces: each way counts every frame byte in ``kvgw_response_body_bytes``."""
+    bodies = [os.urandom(size) for size in (1000, 70_000, 300_000)]
+    with httpx.Client(base_url=server.url, headers=server.auth, timeout=30) as client:
+        for i, body in enumerate(bodies):
+            assert client.put(server.chunk_url(f"bg-{i}"), content=body).status_code == 201
+        before = scrape(server)
+        answer = client.post("/v1/buckets/kvcache/batch-get", json={"keys": ["bg-0", "bg-1", "absent", "bg-2"]})
+        assert answer.status_code == 200
+    after = scrape(server)
+    sent = value(after, "kvgw_response_body_bytes_total", api="native") - value(
+        before, "kvgw_response_body_bytes_total", api="native")
+    assert sent == len(answer.content) and len(answer.content) > sum(map(len, bodies))
+
+
 def test_every_family_appears_and_moves(server: ServerProcess) -> None:
     assert family_names(server) >= FAMILIES
     before = scrape(server)
