@@ -122,9 +122,9 @@ def get_keys(objects: int) -> list[str]:
 
 
 def prepare(data: Path, objects: int, size: int) -> None:
-    """The LMDB index (kvgw's record format, database ``chunks``) holding the 64 lookup keys of ``kvgw
-    bench floor`` and ``objects`` chunks of ``size`` random bytes, stored as files named by their digest
-    under ``data/files`` (nginx's root); a ``probe`` file there too."""
+    """The LMDB index (kvgw's record format: database ``chunks``, and ``expiry`` empty) holding the 64
+    lookup keys of ``kvgw bench floor`` and ``objects`` chunks of ``size`` random bytes, stored as files
+    named by their digest under ``data/files`` (nginx's root); a ``probe`` file there too."""
     import lmdb
     import xxhash
 
@@ -136,6 +136,7 @@ def prepare(data: Path, objects: int, size: int) -> None:
     (files / PROBE_PATH.strip("/")).write_bytes(b"ok")
     env = lmdb.open(str(data / "index"), map_size=1 << 30, max_dbs=16)
     chunks = env.open_db(b"chunks")
+    env.open_db(b"expiry")  # the index's expiry order (``alive_in`` reads it): empty, nothing here expires
     payload = bytearray(os.urandom(size))
     with env.begin(write=True, db=chunks) as txn:
         for key, digest in zip(lookup_keys(), digest_many(BUCKET, lookup_keys()), strict=True):
