@@ -252,11 +252,8 @@ def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[in
             if prev is not None:
                 link(block, prev)
             prev = block
-        if hints and req.last:
+        if hints and req.last:  # applied before the first request at or after its due time
             ended.append((req.timestamp + hint_delay, ids))
-            if hint_delay <= 0:
-                for block in ended.popleft()[1]:
-                    source.mark(block, SESSION_ENDED_MARKS)
     return tally.result()
 
 
