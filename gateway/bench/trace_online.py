@@ -3,9 +3,12 @@
 Each request, in arrival order (time compressed by ``--time-scale``, at most ``--concurrency`` in
 flight): ``prefix`` lookup of its block keys → hits; ``batch-get`` of the hit prefix; ``PUT`` of the
 missing blocks (its first ``capacity`` blocks, like the simulator), each with ``X-Kvgw-Parent`` so the
-gateway learns the chain. Chunk bytes are scaled down (``--block-bytes`` per 512-token block) and the
-bucket's filesystem capacity is set to the same number of blocks as ``--capacity-tokens``, so the
-eviction decisions are the engine's own, at the same capacity the simulator uses. With ``--s3`` a
+gateway learns the chain. Chunk bytes are scaled down (``--block-bytes`` per 512-token block; a request's
+partial last block is as much smaller as it holds fewer tokens, as an engine stores it and as the
+simulator sizes it: the lifecycle evicts such partial tails first) and the bucket's filesystem capacity
+is set to the bytes of as many full blocks as ``--capacity-tokens`` holds, so the eviction decisions are
+the engine's own, at the capacity the simulator uses (the simulator counts blocks, the gateway bytes: on
+the Mooncake traces the two differ by less than 0.6 points). With ``--s3`` a
 moto S3 server is started and evicted chunks are demoted to it (and promoted back on reads).
 
 Reports the token-weighted prefix hit rate (beside the simulator's figure for the same requests),
@@ -53,6 +56,14 @@ class Stats:
     def error(self, kind: str) -> None:
         self.errors += 1
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+
+
+def block_bytes(req: TraceRequest, pos: int, full: int) -> int:
+    """Bytes of block ``pos`` of ``req`` when a full block is ``full`` bytes: the last block in proportion
+    to its tokens (at least one byte)."""
+    if pos < len(req.hash_ids) - 1:
+        return full
+    return max(1, full * req.last_block_tokens // req.block_tokens)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -116,7 +127,8 @@ async def _replay_one(client: httpx.AsyncClient, req: TraceRequest, capacity_blo
         for i in range(hits, min(blocks, capacity_blocks)):
             headers = {wire.H_PARENT: quote(keys[i - 1], safe="")} if i else {}
             started = time.perf_counter()
-            r = await client.put(f"{base}/chunks/{quote(keys[i], safe='')}", content=payload, headers=headers)
+            body = payload[: block_bytes(req, i, len(payload))]
+            r = await client.put(f"{base}/chunks/{quote(keys[i], safe='')}", content=body, headers=headers)
             stats.put_latencies.append(time.perf_counter() - started)
             if r.status_code not in (200, 201):
                 stats.error(f"PUT {r.status_code} {r.text[:80]}")
