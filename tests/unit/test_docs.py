@@ -35,7 +35,7 @@ def test_the_two_commands_as_written() -> None:
 def test_the_readme_has_what_a_newcomer_needs() -> None:
     readme = README.read_text()
     top = [title for _, level, title in headings(readme) if level == 2]
-    assert top == ["The two commands", "First steps", "Connect an engine", "Where to go next"]
+    assert top == ["The two commands", "First steps", "Connect an engine", "Benchmarks", "Where to go next"]
     engines = [title for _, level, title in headings(section(readme, "Connect an engine")) if level == 3]
     assert [e.split(" ")[0] for e in engines] == ["LMCache", "SGLang", "vLLM's", "S3"]
 
