@@ -84,9 +84,12 @@ def test_a_chunk_deleted_while_opened_ahead_is_not_served(client: httpx.Client, 
             "POST", "/v1/buckets/kvcache/batch-get", json={"keys": [f"d{i}" for i in range(COUNT)]},
             headers=VERIFYING) as answer:
         wait_for(lambda: opened_ahead(client) >= 1, "the later chunks opened ahead")
-        ready = read_ahead(client)["ready"]
+        before = read_ahead(client)
         assert client.delete(server.chunk_url(f"d{COUNT - 1}")).status_code == 204  # the last: opened ahead
-        assert read_ahead(client)["ready"] == ready - 1
+        after = read_ahead(client)
+        # the deleted chunk is let go; the sender may meanwhile have taken a few more for its frames
+        # (on a slow machine it can still be filling the socket's buffers when the pass has settled)
+        assert after["ready"] == before["ready"] - 1 - (after["taken"] - before["taken"])
         body = answer.read()
     got = frames(body)
     assert got[: COUNT - 1] == [(wire.FRAME_OK, data) for data in chunks[: COUNT - 1]]
