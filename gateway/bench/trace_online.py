@@ -60,11 +60,9 @@ class Stats:
 
 
 def block_bytes(req: TraceRequest, pos: int, full: int) -> int:
-    """Bytes of block ``pos`` of ``req`` when a full block is ``full`` bytes: the last block in proportion
-    to its tokens (at least one byte)."""
-    if pos < len(req.hash_ids) - 1:
-        return full
-    return max(1, full * req.last_block_tokens // req.block_tokens)
+    """Bytes of block ``pos`` of ``req`` when a full block is ``full`` bytes: in proportion to its tokens
+    (``TraceRequest.tokens_at``), at least one byte."""
+    return max(1, full * req.tokens_at(pos) // req.block_tokens)
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -77,6 +77,11 @@ class TraceRequest:
     def last_block_tokens(self) -> int:
         return self.input_length - self.block_tokens * (len(self.hash_ids) - 1)
 
+    def tokens_at(self, pos: int) -> int:
+        """Tokens of block ``pos``: a full block but the last, which holds what is left (the size every
+        replay gives a block: the lifecycle evicts partial tails first)."""
+        return self.last_block_tokens if pos == len(self.hash_ids) - 1 else self.block_tokens
+
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
@@ -225,14 +230,13 @@ def _simulate_sampled(requests: Sequence[TraceRequest], policy: SampledPolicy[in
             victim, evicted, learn = policy.victim, policy.evicted, policy.learn
         tally.lookup(i, req, contains)
         ids = req.hash_ids
-        last = len(ids) - 1
         prev: int | None = None
         for pos, block in enumerate(ids[:capacity_blocks]):
             now = req.timestamp + pos * _POSITION_TICK
             if contains(block):
                 touch(block, now)
             else:
-                size = req.last_block_tokens if pos == last else req.block_tokens
+                size = req.tokens_at(pos)
                 # at the watermark, admission first: with hints a session's last request writes one-off
                 # chunks (as LMCache's connector does), which a full tier declines
                 marks = MARK_ONE_OFF if hints and req.one_off_writes else 0
@@ -270,7 +274,6 @@ def _simulate_exact(requests: Sequence[TraceRequest], policy: EvictionPolicy[int
         now = req.timestamp
         ids = req.hash_ids
         stored = ids[:capacity_blocks]
-        last = len(ids) - 1
         prev: int | None = None
         for pos, block in enumerate(stored):
             if contains(block):
@@ -282,7 +285,7 @@ def _simulate_exact(requests: Sequence[TraceRequest], policy: EvictionPolicy[int
                         raise RuntimeError(f"{policy.name}: no victim with {size} blocks held")
                     remove(out)
                     size -= 1
-                insert(block, req.last_block_tokens if pos == last else req.block_tokens, now)
+                insert(block, req.tokens_at(pos), now)
                 size += 1
             if prev is not None:
                 link(block, prev)

@@ -14,7 +14,7 @@ from gateway.bench import trace_online
 
 def _trace(path: Path) -> Path:
     """Three conversations of three turns over a shared two-block system prompt; every prompt ends in
-    a partial block; the third conversation branches off the first one's second turn."""
+    a partial block; the third conversation branches off the first one after its first own block."""
     system = [1, 2]
     lines = []
     turns = {0: [10, 11, 12], 1: [20, 21, 22], 2: [10, 31, 32]}
