@@ -52,6 +52,7 @@ readers, count in ``usage``, and are deleted by ``cleanup_staging`` once older t
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -125,6 +126,9 @@ class S3Tier:
         self._answered_once = False  # until the endpoint has answered a call, budgets allow for connecting
         self._closed = False
         self._live_uploads: set[str] = set()  # this instance's writes in progress: never cleaned
+        # Keys whose CreateMultipartUpload is in flight: the store may list the new upload before its
+        # reply (and so its id) reaches us; cleanup_staging leaves uploads of these keys alone.
+        self._starting_uploads: collections.Counter[str] = collections.Counter()
         self._live_data: set[str] = set()  # data objects of this instance's publishes in progress
         self._publish_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -305,9 +309,15 @@ class S3Tier:
         return S3StagedChunk(self, self.key_for(digest))
 
     async def create_upload(self, key: str, metadata: dict[str, str]) -> str:
-        response = await self.api("start multipart upload", "create_multipart_upload", Key=key, Metadata=metadata)
-        upload_id = str(response["UploadId"])
-        self._live_uploads.add(upload_id)
+        self._starting_uploads[key] += 1
+        try:
+            response = await self.api("start multipart upload", "create_multipart_upload", Key=key, Metadata=metadata)
+            upload_id = str(response["UploadId"])
+            self._live_uploads.add(upload_id)
+        finally:
+            self._starting_uploads[key] -= 1
+            if not self._starting_uploads[key]:
+                del self._starting_uploads[key]
         return upload_id
 
     async def upload_part(self, key: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
@@ -616,7 +626,7 @@ class S3Tier:
         async for page in self._list_pages("list staged uploads", "list_multipart_uploads", Prefix=self._prefix):
             for upload in page.get("Uploads", []):
                 initiated = upload.get("Initiated")
-                if upload["UploadId"] in self._live_uploads or (
+                if upload["UploadId"] in self._live_uploads or upload["Key"] in self._starting_uploads or (
                     isinstance(initiated, datetime) and initiated > cutoff
                 ):
                     continue

@@ -192,6 +192,28 @@ async def test_cleanup_staging_deletes_data_objects_no_manifest_names(
     assert bytes(await tier.read(kept_digest, 0, PART + 1)) == blob(PART + 1)
 
 
+async def test_cleanup_staging_leaves_an_upload_whose_start_is_still_unanswered(
+    tier: S3Tier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store lists a new multipart upload as soon as it made it; its reply (the upload id this
+    instance protects) may reach us after a cleanup pass's listing (two connections, one loop). That
+    pass, even with no age limit, must leave the upload alone: it is ours and about to be written."""
+    real_api = tier.api
+    swept: list[int] = []
+
+    async def create_answered_after_a_cleanup(what: str, op: str, **params: Any) -> Any:
+        response = await real_api(what, op, **params)
+        if op == "create_multipart_upload":
+            swept.append(await tier.cleanup_staging(0))  # the listing is answered first
+        return response
+
+    monkeypatch.setattr(tier, "api", create_answered_after_a_cleanup)
+    data = blob(2 * PART + 1)
+    assert await store(tier, data, "started")
+    assert swept == [0]
+    assert bytes(await tier.read(chunk_digest("kvcache", "started"), 0, len(data))) == data
+
+
 # -- conditional writes --------------------------------------------------------------------------
 
 
