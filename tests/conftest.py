@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,6 +71,23 @@ class ServerProcess(KvgwProcess):
 
     def chunk_url(self, key: str, bucket: str = "kvcache") -> str:
         return f"{self.url}/v1/buckets/{bucket}/chunks/{quote(key, safe='')}"
+
+
+def create_bucket(server: ServerProcess, name: str, *flags: str) -> None:
+    """``kvgw bucket create NAME FLAGS`` on a running gateway's data directory, as an operator runs it
+    (the gateway sees the bucket at its next catalog refresh, within ``KVGW_CATALOG_REFRESH_SECONDS``)."""
+    made = subprocess.run([sys.executable, "-m", "gateway.cli", "bucket", "create", name, *flags,
+                           "--data-dir", str(server.data_dir)],
+                          env={**os.environ, "KVGW_ROOT_ACCESS_KEY": ROOT_AK, "KVGW_ROOT_SECRET_KEY": ROOT_SK},
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+
+
+def fs_usage(server: ServerProcess, bucket: str) -> int:
+    """Bytes the gateway counts on ``bucket``'s filesystem tier (``/v1/admin/stats``)."""
+    stats = httpx.get(f"{server.url}/v1/admin/stats", headers=server.auth, timeout=10).json()
+    found: int = stats["usage"].get(bucket, {}).get("fs_bytes", 0)
+    return found
 
 
 @pytest.fixture

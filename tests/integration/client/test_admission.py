@@ -6,8 +6,6 @@ without counting a failure."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -17,7 +15,7 @@ from kvgw_client import wire
 from kvgw_client.health import CircuitState
 from kvgw_client.http import KvgwClient, PutOutcome
 from kvgw_client.wire import Retention
-from tests.conftest import REPO, ROOT_AK, ROOT_SK, ServerProcess, wait_for
+from tests.conftest import ROOT_AK, ROOT_SK, ServerProcess, create_bucket, fs_usage, wait_for
 from tests.integration.test_metrics import scrape, value
 
 CHUNK = 64 << 10
@@ -28,11 +26,7 @@ CAPACITY = 20 * CHUNK  # low watermark (0.8): 16 chunks
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server = ServerProcess(data_dir=tmp_path_factory.mktemp("admission") / "data",
                            env={"KVGW_LIFECYCLE_INTERVAL": "0.2", "KVGW_WORKERS": "1"}).start()
-    made = subprocess.run([sys.executable, "-m", "gateway.cli", "bucket", "create", "full", "--capacity-bytes",
-                           str(CAPACITY), "--data-dir", str(server.data_dir)],
-                          env={**os.environ, "KVGW_ROOT_ACCESS_KEY": ROOT_AK, "KVGW_ROOT_SECRET_KEY": ROOT_SK},
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
+    create_bucket(server, "full", "--capacity-bytes", str(CAPACITY))
     yield server
     server.stop()
 
@@ -42,9 +36,7 @@ def url(server: ServerProcess, key: str) -> str:
 
 
 def usage(server: ServerProcess) -> int:
-    stats = httpx.get(f"{server.url}/v1/admin/stats", headers=server.auth, timeout=10).json()
-    found: int = stats["usage"].get("full", {}).get("fs_bytes", 0)
-    return found
+    return fs_usage(server, "full")
 
 
 def test_below_the_watermark_everything_is_admitted_and_at_it_hinted_one_offs_are_not(

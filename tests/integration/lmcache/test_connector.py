@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -26,7 +26,7 @@ from kvgw_client import wire
 from kvgw_client.framing import byte_view
 from kvgw_client.health import CircuitState
 from kvgw_client.lmcache.connector import KvgwConnector, RemoteMetadata
-from tests.conftest import ServerProcess, leases_granted
+from tests.conftest import ServerProcess, create_bucket, fs_usage, leases_granted
 from tests.http_faults import Fault, HttpFaultProxy
 from tests.index_view import IndexView
 from tests.integration.lmcache.conftest import FAST_FAILURE
@@ -217,6 +217,51 @@ def test_request_configs_become_retention_classes_and_session_end_hints(
     finally:
         index.close()
     assert counters(worker).get("lmcache.session_end_hints") == 1
+
+
+FULL_CAPACITY = 20 * ((1 << 20) + (64 << 10))  # about 20 of the workers' 1 MiB chunks; watermarks 0.8 and 0.9
+
+
+@pytest.fixture(scope="module")
+def full_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A gateway whose bucket ``full`` holds about 20 chunks, its lifecycle quick to hold it at the low
+    watermark, where the gateway declines chunks hinted as read by no one again."""
+    server = ServerProcess(data_dir=tmp_path_factory.mktemp("kvgw-full") / "data",
+                           env={"KVGW_LIFECYCLE_INTERVAL": "0.2", "KVGW_WORKERS": "1"}).start()
+    create_bucket(server, "full", "--capacity-bytes", str(FULL_CAPACITY))
+    yield server
+    server.stop()
+
+
+def test_a_session_end_chunk_the_full_gateway_declines_is_not_stored_and_not_a_failure(
+    make_worker: Callable[..., Worker], full_server: ServerProcess, seed: int
+) -> None:
+    """At its low watermark the gateway declines the one-off chunks of a session's last turn (507
+    ``Declined``). Through LMCache's own storage manager: the connector counts them as declined, not as
+    failures, its client's circuit stays closed, LMCache gets its memory back, nothing is stored, and the
+    next ordinary chunk is stored."""
+    worker = make_worker(full_server.url, bucket="full", chunks=8)
+    free = free_chunks(worker)
+    for batch in range(4):  # 24 ordinary chunks: past the low watermark
+        store_random(worker, le.chunk_keys(6, seed=seed * 100 + batch), seed)
+    wait_for(lambda: 0 < fs_usage(full_server, "full") < FULL_CAPACITY * 0.8, 30,
+             "the lifecycle evicting down to the low watermark")
+    store_random(worker, le.chunk_keys(1, seed=seed * 100 + 40), seed)  # less than 5% of the capacity
+    assert FULL_CAPACITY * 0.8 <= fs_usage(full_server, "full") < FULL_CAPACITY * 0.9  # at the watermark
+    last = _keys_with({"lmcache.kvgw.session_end": True}, 2, seed * 100 + 50)
+    objs = worker.allocate(len(last))
+    le.random_fill_many(objs, seed)
+    worker.store(last, objs)
+    wait_for(lambda: counters(worker).get("lmcache.put_declined") == 2, 30, "two declined puts")
+    conn = connector(worker)
+    assert "lmcache.put_failed" not in counters(worker)
+    assert conn.client.stats()["failures"] == {} and conn.client.health is CircuitState.CLOSED
+    assert conn.client.blocking.exists([conn.name_of(k) for k in last]) == [False, False]
+    assert worker.lookup(last) == 0  # LMCache sees no copy anywhere: it will recompute them
+    assert_all_memory_back(worker, free)
+    plain = le.chunk_keys(1, seed=seed * 100 + 60)
+    store_random(worker, plain, seed)  # an ordinary chunk right after: admitted and stored
+    assert conn.client.blocking.exists([conn.name_of(plain[0])]) == [True]
 
 
 def test_prefetcher_turns_a_second_lookups_gets_into_staged_hits(
