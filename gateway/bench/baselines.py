@@ -299,11 +299,14 @@ def batch_request(bucket: str, keys: Sequence[str], *, verify: bool = True) -> L
 
 
 def read_streams(address: Address, request: LoadRequest, body_bytes: int, *, duration: float | None = None,
-                 count: int | None = None) -> Stats:
+                 count: int | None = None, verify: bool = False) -> Stats:
     """``request`` again and again on one keep-alive connection, each answer read to its end into one
     buffer of ``body_bytes``: how a batch-get and the raw socket stream it is compared with are both
-    measured (the same client code for both, so the ratio is the servers')."""
-    return run_load(address, lambda i, seq: request, 1, duration=duration, count=count, body_buffer_bytes=body_bytes)
+    measured (the same client code for both, so the ratio is the servers'). ``verify``: each answer's
+    bytes are xxh3-64-hashed as soon as they are in, timed with the read (the least a reader that checks
+    every byte it consumes adds, on the same thread)."""
+    return run_load(address, lambda i, seq: request, 1, duration=duration, count=count, body_buffer_bytes=body_bytes,
+                    hash_bodies=verify)
 
 
 FILES_PATH = "/files/"  # the verified sender: GET /files/<path under its directory>

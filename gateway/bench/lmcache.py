@@ -11,6 +11,10 @@ paths (0.5.6 or 0.5.7), in one run, against five storage targets on this machine
     (s) a raw socket stream                one request's bytes as one batch-get answers them, written
                                            from memory on one loopback connection (``kvgw bench io``'s
                                            baseline, ``baselines.RawResponder``): what (a) moves at most
+    (t) (s), every answer hashed           the same stream, each answer's bytes xxh3-64-hashed once in
+                                           (kvgw's client checks every frame it hands over): what any
+                                           reader that verifies moves at most; (a) / (t) is what LMCache
+                                           and kvgw's client add beyond checking the bytes
     (v) (f)'s files, read and verified     the same files, code and checks as (f)'s direct reads
                                            (``DirectReader.read_into``: size and xxh3-64) into the
                                            connector's MemoryObjs, on plain threads: what (f) moves at
@@ -30,7 +34,7 @@ Measured per target and cache state:
 * store MB/s: ``batched_put`` of every request until the backend holds all chunks;
 * get MB/s: ``--rounds`` passes of lookup + retrieve per request; only the retrieve is timed;
 * get p50 / p99: one chunk per ``batched_get`` call (``location`` given, no lookup), every chunk;
-* (s): after each retrieve round of (a), ``--requests`` answers of the stream read with the load
+* (s), (t): after each retrieve round of (a), ``--requests`` answers of the stream read with the load
   generator (``baselines.read_streams``), so (a) and its physical limit alternate in the same run;
 * (v), (w): after each retrieve round of (f), (e), every request read again that way, alternating
   likewise (so (f) / (v) and (w) / (e) compare rounds of one run; (f) / (e) and (v) / (w) do not).
@@ -130,7 +134,7 @@ class Result:
     p99_ms: float = 0.0
     note: str = ""
     error: str | None = None
-    companion_mbps: list[float] = field(default_factory=list)  # the companion's, one per retrieve round
+    companion_mbps: dict[str, list[float]] = field(default_factory=dict)  # each companion's, one per retrieve round
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ class Target:
     files: Callable[[], list[Path]]  # chunk files whose page cache "cold" drops
     prefetch: bool = False
     always_warm: str = ""  # why "cold" cannot apply
-    companion: Companion | None = None
+    companions: tuple[Companion, ...] = ()
     results: list[Result] = field(default_factory=list)
 
 
@@ -241,10 +245,11 @@ class Bench:
                     moved += sum(o.get_size() for o in got)
                 finally:
                     le.release(got)
-            if target.companion is not None:
-                keys_by_request = [self.keys(target, r) for r in range(args.requests)]
-                before_each = (lambda: drop_page_cache(target.files())) if cache == "cold" else (lambda: None)
-                result.companion_mbps.append(target.companion.measure(worker, keys_by_request, before_each))
+            keys_by_request = [self.keys(target, r) for r in range(args.requests)]
+            before_each = (lambda: drop_page_cache(target.files())) if cache == "cold" else (lambda: None)
+            for companion in target.companions:
+                result.companion_mbps.setdefault(companion.key, []).append(
+                    companion.measure(worker, keys_by_request, before_each))
         result.get_mbps = moved / max(elapsed, 1e-9) / 1e6
         latencies: list[float] = []
         for r in range(args.requests):
@@ -288,6 +293,8 @@ TARGETS = (
     Ratio("c", "d", 3.0, "(c) >= 3x (d)"),
     Ratio("a", "s", 0.8, "(a) >= 0.8x (s)", "warm"),  # issue 14
     Ratio("a", "s", None, "(a) / (s)", "cold", "no target: (s) reads no disk"),
+    Ratio("a", "t", None, "(a) / (t)", "warm", "no target: (t), the stream verified, bounds any reader that checks"),
+    Ratio("t", "s", None, "(t) / (s)", "warm", "no target: what verifying every byte costs the stream"),
     Ratio("f", "v", None, "(f) / (v)", why="no target: (f) against a bare verified read"),
     Ratio("w", "e", None, "(w) / (e)", why="no target: what verifying costs (alternated)"),
     Ratio("v", "w", None, "(v) / (w)", why="no target: kvgw's files against LMCache's, both verified"),
@@ -296,8 +303,9 @@ TARGETS = (
 
 def companion_result(companion: Companion, r: Result) -> Result:
     """A companion, measured between ``r``'s rounds, as a row of its own: the median over those rounds."""
-    return Result(companion.key, companion.label, r.cache, get_mbps=statistics.median(r.companion_mbps),
-                  note=f"median of {len(r.companion_mbps)}, {companion.note}", error=r.error)
+    rounds = r.companion_mbps[companion.key]
+    return Result(companion.key, companion.label, r.cache, get_mbps=statistics.median(rounds),
+                  note=f"median of {len(rounds)}, {companion.note}", error=r.error)
 
 
 class ReadSide(NamedTuple):
@@ -383,7 +391,7 @@ def report(targets: list[Target], caches: Sequence[str], header: str) -> tuple[s
             for r in t.results:
                 if r.cache != cache:
                     continue
-                rows = [r, companion_result(t.companion, r)] if t.companion and r.companion_mbps else [r]
+                rows = [r, *(companion_result(c, r) for c in t.companions if r.companion_mbps.get(c.key))]
                 for row in rows:
                     by_key[(cache, row.target)] = row
                     name = f"({row.target}) {row.label}"
@@ -453,9 +461,10 @@ def main(argv: Sequence[str]) -> int:
             stack.callback(responder.stop)
             stream_req = batch_request(BUCKET, [f"chunk-{i}" for i in range(args.chunks)])
 
-            def stream_mbps() -> float:
-                """(s): --requests answers of the stream, as many as one retrieve round of (a) reads."""
-                got = read_streams(responder.address, stream_req, stream_bytes, count=args.requests)
+            def stream_mbps(verify: bool) -> float:
+                """(s), or (t) with ``verify``: --requests answers of the stream, as many as one retrieve
+                round of (a) reads."""
+                got = read_streams(responder.address, stream_req, stream_bytes, count=args.requests, verify=verify)
                 if got.errors:
                     raise RuntimeError(f"raw socket stream: {got.error_samples[:1]}")
                 return got.bytes_per_s / 1e6
@@ -489,16 +498,18 @@ def main(argv: Sequence[str]) -> int:
             s3_note = "" if can_vhost else f"{vhost} does not resolve: add '127.0.0.1 {vhost}' to /etc/hosts"
             if "a" in args.only:
                 targets.append(Target("a", "kvgw connector", le.REMOTE_KVGW, kvgw_worker(0), kvgw_files,
-                                      companion=Companion("s", "raw socket stream, same bytes",
-                                                          "from memory, one connection",
-                                                          lambda _worker, _keys, _before: stream_mbps())))
+                                      companions=(
+                                          Companion("s", "raw socket stream, same bytes", "from memory, one connection",
+                                                    lambda _worker, _keys, _before: stream_mbps(False)),
+                                          Companion("t", "(s) with every answer's xxh3", "hashed as it lands",
+                                                    lambda _worker, _keys, _before: stream_mbps(True)))))
             if "f" in args.only:
                 kvgw_read = functools.partial(kvgw_side, backend=le.REMOTE_KVGW, root=kvgw_dir / "fs")
                 verified = functools.partial(verified_read_mbps, side=kvgw_read)
                 targets.append(Target("f", "kvgw connector, direct reads", le.REMOTE_KVGW,
                                       kvgw_worker(0, direct=True), kvgw_files,
-                                      companion=Companion("v", "(f)'s files read and verified", "plain threads",
-                                                          verified)))
+                                      companions=(Companion("v", "(f)'s files read and verified", "plain threads",
+                                                            verified),)))
             if "b" in args.only:
                 targets.append(Target("b", "kvgw connector, prefetcher warm", le.REMOTE_KVGW,
                                       kvgw_worker(int(1.25 * bench.request_bytes)), kvgw_files, prefetch=True))
@@ -520,8 +531,8 @@ def main(argv: Sequence[str]) -> int:
                 disk_read = functools.partial(disk_side, root=disk_dir)
                 targets.append(Target("e", "LMCache local-disk backend", le.LOCAL_DISK, disk_worker,
                                       lambda: files_under(disk_dir),
-                                      companion=Companion("w", "(e)'s files read and verified", "as (v) reads",
-                                                          functools.partial(verified_read_mbps, side=disk_read))))
+                                      companions=(Companion("w", "(e)'s files read and verified", "as (v) reads",
+                                                            functools.partial(verified_read_mbps, side=disk_read)),)))
             for target in targets:
                 skip = s3_note if target.key in "cd" else ""
                 skip = skip or (moto_error if target.key == "d" else "")

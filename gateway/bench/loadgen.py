@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+import xxhash
+
 Body = bytes | bytearray | memoryview
 Address = tuple[str, int]
 
@@ -581,14 +583,18 @@ MakeRequest = Callable[[int, int], LoadRequest]  # (client index, seq) -> the re
 
 def run_load(address: Address, make_request: MakeRequest, clients: int, *, duration: float | None = None,
              count: int | None = None, body_buffer_bytes: int = DEFAULT_BODY_BUFFER_BYTES,
-             timeout: float = 120.0, processes: bool = False, then: MakeRequest | None = None) -> Stats:
+             timeout: float = 120.0, processes: bool = False, then: MakeRequest | None = None,
+             hash_bodies: bool = False) -> Stats:
     """HTTP load: each client (a thread, or a process with ``processes``) owns one keep-alive
     connection and sends ``make_request(i, seq)`` (``seq`` as in ``run_ops``). Connections are opened
     before the clock starts. Bytes are request plus response body bytes; a status outside the
     request's ``expect`` is an error.
 
     ``then``: a second request sent on the same connection after each successful first one, as part
-    of the same operation (timed with it, its bytes counted): e.g. a DELETE of what the PUT stored."""
+    of the same operation (timed with it, its bytes counted): e.g. a DELETE of what the PUT stored.
+
+    ``hash_bodies``: each response body is xxh3-64-hashed once read, as part of the operation (a body
+    larger than ``body_buffer_bytes`` is then an error: its bytes were not all kept)."""
     conns: dict[int, HttpConnection] = {}  # the client's own, in its thread or process
     seen: dict[int, Counter[int]] = {}
 
@@ -600,6 +606,11 @@ def run_load(address: Address, make_request: MakeRequest, clients: int, *, durat
         def send(req: LoadRequest) -> int:
             status, received = conn.request(req)
             statuses[status] += 1
+            if hash_bodies and received:
+                body = conn.body
+                if body is None:
+                    raise ProtocolError(f"a {received}-byte body does not fit the body buffer: it cannot be hashed")
+                xxhash.xxh3_64_intdigest(body)
             if status not in req.expect:
                 body = conn.body
                 raise StatusError(status, req.method, req.target, bytes(body[:200]) if body is not None else b"")

@@ -8,14 +8,12 @@ from pathlib import Path
 from gateway.bench.lmcache import Companion, Result, Target, report
 
 
-def target(key: str, mbps: float, companion: tuple[str, list[float]] | None = None, cache: str = "warm") -> Target:
-    comp = None
+def target(key: str, mbps: float, *companions: tuple[str, list[float]], cache: str = "warm") -> Target:
     result = Result(key, f"target {key}", cache, get_mbps=mbps)
-    if companion is not None:
-        comp = Companion(companion[0], f"companion of {key}", "a note", lambda _w, _k, _b: 0.0)
-        result.companion_mbps = companion[1]
+    made = tuple(Companion(c, f"companion of {key}", "a note", lambda _w, _k, _b: 0.0) for c, _ in companions)
+    result.companion_mbps = dict(companions)
     files: list[Path] = []
-    return Target(key, f"target {key}", "backend", lambda: None, lambda: files, companion=comp, results=[result])
+    return Target(key, f"target {key}", "backend", lambda: None, lambda: files, companions=made, results=[result])
 
 
 def line(text: str, starts: str) -> str:
@@ -52,3 +50,13 @@ def test_a_warm_target_below_its_ratio_fails_and_cold_has_its_own_line() -> None
     assert "(f) >= (e)" not in warm  # issue 14's cold target is printed for cold only
     cold, _ = report([target("f", 1200.0, cache="cold"), target("e", 1000.0, cache="cold")], ["cold"], "header")
     assert "PASS" in line(cold, "cold  (f) >= (e)") and "0.9x" not in cold
+
+
+def test_every_companion_of_a_target_has_its_row_and_the_verified_stream_its_ratios() -> None:
+    """(a) has two companions: the raw stream (s) and the same stream hashed as it lands (t)."""
+    text, ok = report([target("a", 900.0, ("s", [1000.0, 1200.0]), ("t", [950.0]))], ["warm"], "header")
+    assert "1100" in line(text, "warm  (s) companion of a") and "950" in line(text, "warm  (t) companion of a")
+    assert "0.82" in line(text, "warm  (a) >= 0.8x (s)")
+    assert "0.95" in line(text, "warm  (a) / (t)") and "no target" in line(text, "warm  (a) / (t)")
+    assert "0.86" in line(text, "warm  (t) / (s)")
+    assert "FAIL" not in text and not ok  # the targets without (e) could not run

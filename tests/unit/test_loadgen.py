@@ -156,6 +156,18 @@ def test_small_body_kept_in_the_buffer(server: TinyServer) -> None:
         conn.close()
 
 
+def test_hashed_bodies_must_fit_the_buffer(server: TinyServer) -> None:
+    """``hash_bodies`` hashes each body as read: one larger than the body buffer is an error, not a
+    silent hash of what was left of it."""
+    fits = run_load(server.address, lambda i, seq: LoadRequest("GET", "/bytes/4000"), 1, count=5,
+                    body_buffer_bytes=4096, hash_bodies=True)
+    assert (fits.ops, fits.errors, fits.bytes) == (5, 0, 5 * 4000)
+    too_big = run_load(server.address, lambda i, seq: LoadRequest("GET", "/bytes/5000"), 1, count=2,
+                       body_buffer_bytes=4096, hash_bodies=True)
+    assert too_big.ops == 0 and too_big.errors == 2
+    assert any("does not fit the body buffer" in e for e in too_big.error_samples)
+
+
 def test_put_body_sent_from_the_callers_buffer(server: TinyServer) -> None:
     payload = bytearray(b"p" * 300_000)  # above the small-body threshold: head and body sent separately
     reqs = [LoadRequest("PUT", "/sink", body=payload, expect=(201,)),
