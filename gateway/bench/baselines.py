@@ -289,11 +289,15 @@ VERIFY_HEADER = (wire.H_VERIFY, wire.VERIFY_XXH3)
 sends the chunk files unverified (``sendfile``)."""
 
 
-def batch_request(bucket: str, keys: Sequence[str], *, verify: bool = True) -> LoadRequest:
+def batch_request(bucket: str, keys: Sequence[str], *, verify: bool = True,
+                  credential: tuple[str, str] | None = None) -> LoadRequest:
     """A native batch-get of ``keys``, as ``kvgw_client`` sends it (POST of ``{"keys": [...]}``, with
-    ``x-kvgw-verify: xxh3`` unless ``verify`` is False: a reader that leaves verifying to the gateway);
-    the raw responder answers it with its ``/batch-get`` stream."""
+    ``x-kvgw-verify: xxh3`` unless ``verify`` is False: a reader that leaves verifying to the gateway;
+    ``credential``: an access key and secret, sent as kvgw's client sends them); the raw responder
+    answers it with its ``/batch-get`` stream."""
     headers = [("Content-Type", "application/json"), *([VERIFY_HEADER] if verify else [])]
+    if credential is not None:
+        headers.append(("Authorization", f"Bearer {credential[0]}:{credential[1]}"))
     return LoadRequest("POST", f"/v1/buckets/{bucket}/batch-get", body=json.dumps({"keys": list(keys)}).encode(),
                        headers=headers)
 

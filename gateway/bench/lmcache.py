@@ -15,6 +15,11 @@ paths (0.5.6 or 0.5.7), in one run, against five storage targets on this machine
                                            (kvgw's client checks every frame it hands over): what any
                                            reader that verifies moves at most; (a) / (t) is what LMCache
                                            and kvgw's client add beyond checking the bytes
+    (g) the gateway's batch-get            (a)'s chunks, one batch-get per request as kvgw's client sends
+                                           it, read by the load generator: (g) / (s) is the gateway's part
+    (k) kvgw's client alone                (a)'s chunks fetched by the connector's client into new
+                                           MemoryObjs (``batch_get_into`` from a plain thread): (a) / (k)
+                                           is what LMCache's storage manager and the connector add
     (v) (f)'s files, read and verified     the same files, code and checks as (f)'s direct reads
                                            (``DirectReader.read_into``: size and xxh3-64) into the
                                            connector's MemoryObjs, on plain threads: what (f) moves at
@@ -34,7 +39,7 @@ Measured per target and cache state:
 * store MB/s: ``batched_put`` of every request until the backend holds all chunks;
 * get MB/s: ``--rounds`` passes of lookup + retrieve per request; only the retrieve is timed;
 * get p50 / p99: one chunk per ``batched_get`` call (``location`` given, no lookup), every chunk;
-* (s), (t): after each retrieve round of (a), ``--requests`` answers of the stream read with the load
+* (s), (t), (g), (k): after each retrieve round of (a), ``--requests`` answers of the stream read with the load
   generator (``baselines.read_streams``), so (a) and its physical limit alternate in the same run;
 * (v), (w): after each retrieve round of (f), (e), every request read again that way, alternating
   likewise (so (f) / (v) and (w) / (e) compare rounds of one run; (f) / (e) and (v) / (w) do not).
@@ -295,6 +300,9 @@ TARGETS = (
     Ratio("a", "s", None, "(a) / (s)", "cold", "no target: (s) reads no disk"),
     Ratio("a", "t", None, "(a) / (t)", "warm", "no target: (t), the stream verified, bounds any reader that checks"),
     Ratio("t", "s", None, "(t) / (s)", "warm", "no target: what verifying every byte costs the stream"),
+    Ratio("g", "s", None, "(g) / (s)", "warm", "no target: the gateway's batch-get against the raw stream"),
+    Ratio("k", "t", None, "(k) / (t)", "warm", "no target: kvgw's client against the verified stream"),
+    Ratio("a", "k", None, "(a) / (k)", "warm", "no target: what LMCache and the connector's hand-off add"),
     Ratio("f", "v", None, "(f) / (v)", why="no target: (f) against a bare verified read"),
     Ratio("w", "e", None, "(w) / (e)", why="no target: what verifying costs (alternated)"),
     Ratio("v", "w", None, "(v) / (w)", why="no target: kvgw's files against LMCache's, both verified"),
@@ -379,6 +387,64 @@ def verified_read_mbps(worker: Any, keys: list[list[Any]], before_each: Callable
                 moved += sum(loc.size for loc in locs)
     finally:
         reader.close()
+    return moved / max(elapsed, 1e-9) / 1e6
+
+
+def gateway_stream_mbps(worker: Any, keys: list[list[Any]], before_each: Callable[[], None], *,
+                        backend: str, address: tuple[str, int], body_bytes: int) -> float:
+    """(g): each request's chunks as one batch-get from the gateway, sent as kvgw's client sends it (it
+    verifies: the gateway sends the files unverified), read to its end into one buffer by the load
+    generator: no kvgw client, no LMCache. (g) / (s) is the gateway against the raw stream."""
+    conn = worker.backend(backend).connection.getWrappedConnector()
+    requests = [batch_request(BUCKET, [conn.name_of(k) for k in request], credential=(ACCESS_KEY, SECRET_KEY))
+                for request in keys]
+    moved, elapsed = 0, 0.0
+    for request in requests:
+        before_each()
+        got = read_streams(address, request, body_bytes, count=1)
+        if got.errors:
+            raise RuntimeError(f"the gateway's batch-get: {got.error_samples[:1]}")
+        moved += got.bytes
+        elapsed += got.elapsed
+    return moved / max(elapsed, 1e-9) / 1e6
+
+
+def _land(conn: Any, landings: list[Any], index: int, length: int) -> Destination | None:
+    """A batch item's destination, as the connector's fetch takes it: a new MemoryObj (kept in ``landings``)."""
+    opened = conn.open_landing(length)
+    if opened is None:
+        return None
+    dest: Destination
+    dest, landings[index] = opened
+    return dest
+
+
+def client_batch_mbps(worker: Any, keys: list[list[Any]], before_each: Callable[[], None], *,
+                      backend: str) -> float:
+    """(k): the connector's own client and landings without LMCache: each request's chunks fetched by
+    ``KvgwClient.blocking.batch_get_into`` from a plain thread into new MemoryObjs (``open_landing``,
+    as the connector's fetch takes them), every frame's xxh3 checked. (a) / (k) is what LMCache's
+    storage manager and the connector's hand-off to the client's I/O loop add."""
+    from kvgw_client.framing import ItemStatus
+
+    conn = worker.backend(backend).connection.getWrappedConnector()
+    moved, elapsed = 0, 0.0
+    for request in keys:
+        names = [conn.name_of(k) for k in request]
+        landings: list[Any] = [None] * len(names)
+        into = functools.partial(_land, conn, landings)
+        before_each()
+        t = time.perf_counter()
+        try:
+            statuses = conn.client.blocking.batch_get_into(names, into)
+            elapsed += time.perf_counter() - t
+            if any(status != ItemStatus.OK for status in statuses):
+                raise RuntimeError(f"batch_get_into: {[str(s) for s in statuses]}")
+            moved += sum(landing.obj.get_size() for landing in landings)
+        finally:
+            for landing in landings:
+                if landing is not None:
+                    landing.release()
     return moved / max(elapsed, 1e-9) / 1e6
 
 
@@ -502,7 +568,15 @@ def main(argv: Sequence[str]) -> int:
                                           Companion("s", "raw socket stream, same bytes", "from memory, one connection",
                                                     lambda _worker, _keys, _before: stream_mbps(False)),
                                           Companion("t", "(s) with every answer's xxh3", "hashed as it lands",
-                                                    lambda _worker, _keys, _before: stream_mbps(True)))))
+                                                    lambda _worker, _keys, _before: stream_mbps(True)),
+                                          Companion("g", "the gateway's batch-get of (a)'s chunks",
+                                                    "load generator, no client",
+                                                    functools.partial(gateway_stream_mbps, backend=le.REMOTE_KVGW,
+                                                                      address=("127.0.0.1", port),
+                                                                      body_bytes=stream_bytes + MiB)),
+                                          Companion("k", "kvgw's client, (a)'s chunks and landings",
+                                                    "batch_get_into, no LMCache",
+                                                    functools.partial(client_batch_mbps, backend=le.REMOTE_KVGW)))))
             if "f" in args.only:
                 kvgw_read = functools.partial(kvgw_side, backend=le.REMOTE_KVGW, root=kvgw_dir / "fs")
                 verified = functools.partial(verified_read_mbps, side=kvgw_read)
