@@ -1,7 +1,9 @@
 """``KvgwClient.blocking``: the client's calls for plain threads.
 
-Each call runs on the client's I/O loop and blocks only the calling thread; calling one from a thread
-that runs an event loop raises RuntimeError (blocking there would stall that loop).
+Each call runs on the client's I/O loop and blocks only the calling thread, except the lookups
+(``exists``, ``prefix``), whose first attempt the calling thread makes itself (``KvgwClient.lookup_now``);
+calling one from a thread that runs an event loop raises RuntimeError (blocking there would stall that
+loop).
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ class BlockingClient:
         self._c = client
 
     def exists(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> list[bool]:
-        return self._c.io.call(self._c.exists(keys, quiet=quiet, timeout=timeout))
+        """``KvgwClient.exists``, asked on this thread (``KvgwClient.lookup_now``)."""
+        from kvgw_client.http import EXISTS
+
+        return self._c.lookup_now(EXISTS, list(keys), quiet=quiet, timeout=timeout)
 
     def prefix(self, keys: Sequence[str], *, quiet: bool = False, timeout: float | None = None) -> int:
-        return self._c.io.call(self._c.prefix(keys, quiet=quiet, timeout=timeout))
+        """``KvgwClient.prefix``, asked on this thread (``KvgwClient.lookup_now``)."""
+        from kvgw_client.http import PREFIX
+
+        return self._c.lookup_now(PREFIX, list(keys), quiet=quiet, timeout=timeout)
 
     def put(
         self,

@@ -34,9 +34,9 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -46,9 +46,11 @@ from yarl import URL
 from kvgw_client import keys as keyrules
 from kvgw_client import wire
 from kvgw_client.blocking import BlockingClient
+from kvgw_client.calls import BlockingCalls
 from kvgw_client.changes import ChangePage, parse_change_page
 from kvgw_client.config import ClientSettings
 from kvgw_client.direct import DirectReader, Location, ReadResult, parse_locations
+from kvgw_client.endpoint import Endpoint
 from kvgw_client.errors import (
     ClientClosed,
     KvgwClientError,
@@ -69,8 +71,9 @@ from kvgw_client.framing import (
 from kvgw_client.health import CircuitState, Counters
 from kvgw_client.leases import HeldLeases
 from kvgw_client.loop import IoLoop
-from kvgw_client.policy import CallPolicy, error_for, error_from, translate
-from kvgw_client.stream import BatchSink, Collect, Head, StreamConnection, StreamPool, post_request
+from kvgw_client.policy import CallPolicy, error_for, error_from, translate, translated
+from kvgw_client.response import Collect, Head
+from kvgw_client.stream import BatchSink, StreamConnection, StreamPool, post_request
 from kvgw_client.wire import Hint, Retention
 from kvgw_client.wire import encode_key as encode_key
 
@@ -93,6 +96,13 @@ class PutOutcome(enum.StrEnum):
     EXISTED = "existed"  # 200 + X-Kvgw-Existed: the key was already stored (first write wins)
     DECLINED = "declined"  # 507 + X-Kvgw-Declined: admission under pressure did not store it (no failure)
     FAILED = "failed"  # only with quiet=True: the write did not happen or its fate is unknown
+
+
+def _check_keys(keys: Sequence[str]) -> None:
+    """``_check_key`` for many keys, at the cost of ``keys.plainly_valid`` when all are plainly valid."""
+    if not keyrules.plainly_valid(keys):
+        for key in keys:
+            _check_key(key)
 
 
 def _check_key(key: str) -> None:
@@ -172,7 +182,9 @@ class KvgwClient:
             clock=clock, rand=rand,
         )
         self._session: aiohttp.ClientSession | None = None
+        self._endpoint = Endpoint.of(settings.url, settings.ssl_context())
         self._streams: dict[str, StreamPool] = {}  # connections by use: "bulk" (batch-get), "calls" (JSON calls)
+        self._calls = BlockingCalls(self._endpoint, idle=settings.pool_size)  # lookups on callers' threads
         self._write_gate: asyncio.Semaphore | None = None
         self._closed = False
         base = settings.url.rstrip("/")
@@ -523,32 +535,65 @@ class KvgwClient:
         return URL(f"{self._bucket_url}/chunks/{encode_key(key)}", encoded=True)
 
     async def _exists(self, keys: list[str]) -> list[bool]:
-        for key in keys:
-            _check_key(key)
+        _check_keys(keys)
         out: list[bool] = []
         for _, part in _batches(keys, self.settings.max_keys_per_call):
-
-            def found(doc: object, n: int = len(part)) -> list[bool]:
-                value = doc.get("exists") if isinstance(doc, dict) else None
-                if not isinstance(value, list) or len(value) != n or not all(isinstance(b, bool) for b in value):
-                    raise ProtocolError(f"exists: expected {n} booleans, got {str(doc)[:200]}")
-                return value
-
-            out.extend(await self._lookup("exists", part, found, functools.partial(_where, part)))
+            parse, hits = EXISTS.reading(part)
+            found: list[bool] = await self._lookup("exists", part, parse, hits)
+            out.extend(found)
         return out
 
     async def _prefix(self, keys: list[str]) -> int:
-        for key in keys:
-            _check_key(key)
+        _check_keys(keys)
         total = 0
         for _, part in _batches(keys, self.settings.max_keys_per_call):
-
-            length = await self._lookup("prefix", part, functools.partial(_count_in, "prefix", "length", len(part)),
-                                        functools.partial(_first, part))
+            parse_length, first = PREFIX.reading(part)
+            length = await self._lookup("prefix", part, parse_length, first)
             total += length
             if length < len(part):
                 break
         return total
+
+    def lookup_now(self, kind: _LookupKind[T], keys: list[str], *, quiet: bool, timeout: float | None) -> T:
+        """``exists`` / ``prefix`` for a plain thread (``KvgwClient.blocking``), its first attempt made
+        on the calling thread over a blocking connection (``kvgw_client.calls``): no hand-off to the I/O
+        loop and back, which cost such a lookup more than the gateway's answer did.
+
+        Only a call the client can make in one request while the call policy is calm (circuit closed,
+        no failure since the last success) goes this way; anything else, and a first attempt that
+        failed, goes to the I/O loop as before, the failure counted there as the call's first attempt
+        (retries, circuit and accounting as for any call). The caller's ``timeout`` covers both."""
+        if not keys:
+            return kind.fallback(keys)
+        op = kind.op
+        if (self._closed or len(keys) > self.settings.max_keys_per_call or not self._policy.calm
+                or not keyrules.plainly_valid(keys)):
+            return self._io.call(self._policy.op(op, lambda: kind.whole(self, keys), quiet=quiet,
+                                                 fallback=kind.fallback(keys), deadline=timeout))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("blocking kvgw call from an event loop thread; use the async API")
+        self.counters.add(f"{op}.calls")
+        started = time.monotonic()
+        parse, hits = kind.reading(keys)
+        body, read = self._lookup_call(op, keys, parse, hits)
+        limit = self.settings.timeouts.control if timeout is None else min(timeout, self.settings.timeouts.control)
+        try:
+            return self._post_now(op, op, body, read, limit)
+        except KvgwClientError as exc:
+            failed = exc
+        spent = time.monotonic() - started
+        rest: Callable[[], Awaitable[T]]
+        if timeout is not None and spent >= timeout:
+            rest = _deadline_passed  # the caller's deadline ended the attempt: one failure, the deadline's
+        else:
+            def rest() -> Awaitable[T]:
+                return self._policy.attempts(op, lambda: self._post_attempt(op, op, body, read), failed=failed)
+        return self._io.call(self._policy.op(op, rest, quiet=quiet, fallback=kind.fallback(keys), deadline=timeout,
+                                             spent=spent, counted=True))
 
     def _touch_soon(self, keys: list[str]) -> None:
         """Report reads done without the gateway (direct reads of remembered files) in the background.
@@ -585,8 +630,7 @@ class KvgwClient:
     async def _touch(self, keys: list[str], *, closing: bool = False) -> int:
         """``closing``: one attempt each, outside the call policy (which refuses calls once the client is
         closed): the last report, sent while closing."""
-        for key in keys:
-            _check_key(key)
+        _check_keys(keys)
         total = 0
         for _, part in _batches(keys, self.settings.max_keys_per_call):
             parse = functools.partial(_count_in, "touch", "touched", len(part))
@@ -597,8 +641,7 @@ class KvgwClient:
         return total
 
     async def _hint(self, hint: Hint, keys: list[str]) -> int:
-        for key in keys:
-            _check_key(key)
+        _check_keys(keys)
         total = 0
         for _, part in _batches(keys, self.settings.max_keys_per_call):
             parse = functools.partial(_count_in, "hints", "applied", len(part))
@@ -612,18 +655,28 @@ class KvgwClient:
 
     async def _lookup(self, op: str, keys: list[str], parse: Callable[[object], T],
                       hits: Callable[[T], Iterable[str]]) -> T:
-        """A lookup (``exists``, ``prefix``, ``locate``: the endpoint is ``op``) that read-leases what it
-        finds (``hits`` of the parsed answer) for the settings' ``lease_ms``, unless leases this client
-        already holds cover every key (``HeldLeases``: a load's ``locate`` right after its lookup asks
-        for none). A lease the gateway refused is counted (``lease_refused``) and logged once per reason."""
+        """A lookup (``exists``, ``prefix``, ``locate``: the endpoint is ``op``), with the lease
+        ``_lookup_call`` asks for."""
+        body, read = self._lookup_call(op, keys, parse, hits)
+        return await self._post_doc(op, op, body, read)
+
+    def _lookup_call(self, op: str, keys: list[str], parse: Callable[[object], T],
+                     hits: Callable[[T], Iterable[str]]) -> tuple[dict[str, object], Callable[[object], T]]:
+        """What a lookup sends and how its answer is read. It read-leases what it finds (``hits`` of the
+        parsed answer) for the settings' ``lease_ms``, unless leases this client already holds cover
+        every key (``HeldLeases``: a load's ``locate`` right after its lookup asks for none). A lease the
+        gateway refused is counted (``lease_refused``) and logged once per reason."""
         lease_ms = self.settings.lease_ms
         if lease_ms == 0 or self._leases.covers(keys, lease_ms):
-            return await self._post_json(op, op, keys, parse)
+            return {"keys": keys}, parse
         sent_at = self._leases.now()
-        value, granted_ms = await self._post_doc(op, op, {"keys": keys, "lease_ms": lease_ms},
-                                                 lambda doc: (parse(doc), self._granted_ms(op, doc)))
-        self._leases.granted(hits(value), sent_at, granted_ms)
-        return value
+
+        def read(doc: object) -> T:
+            value = parse(doc)
+            self._leases.granted(hits(value), sent_at, self._granted_ms(op, doc))
+            return value
+
+        return {"keys": keys, "lease_ms": lease_ms}, read
 
     async def _post_doc(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T]) -> T:
         """POST the JSON ``body`` to a bucket call and ``parse`` its JSON answer, as one attempt of the
@@ -635,7 +688,7 @@ class KvgwClient:
         no aiohttp request cycle on the lookup path. The answer is read whole (up to
         ``MAX_JSON_ANSWER`` bytes) before the connection goes back to the pool."""
         pool = self._stream_pool("calls")
-        request = post_request(pool, f"{self._bucket_path}/{endpoint}", json.dumps(body).encode(), self._headers)
+        request = self._post_request(endpoint, body)
         answer = Collect(MAX_JSON_ANSWER)
         async with translate(op), asyncio.timeout(self.settings.timeouts.control):
             conn, head = await pool.request(request, lambda _head: answer)
@@ -645,15 +698,24 @@ class KvgwClient:
                 if not conn.done.done():
                     conn.abort()  # cancelled or timed out mid-answer: the connection cannot be reused
                 pool.release(conn)
-        if head.status != 200:
-            raise error_for(head.status, head.reason, head.headers.get(wire.H_REQUEST_ID), answer.data)
-        if answer.truncated:
-            raise ProtocolError(f"{op}: answer longer than {MAX_JSON_ANSWER} bytes")
+        return _json_answer(op, head, answer, parse)
+
+    def _post_now(self, op: str, endpoint: str, body: dict[str, object], parse: Callable[[object], T],
+                  timeout: float) -> T:
+        """``_post_attempt`` on the calling thread, over a blocking connection (``kvgw_client.calls``)."""
+        answer = Collect(MAX_JSON_ANSWER)
         try:
-            doc = json.loads(answer.data)
-        except ValueError as exc:
-            raise ProtocolError(f"{op}: response is not JSON") from exc
-        return parse(doc)
+            head = self._calls.exchange(self._post_request(endpoint, body), lambda _head: answer, timeout)
+        except Exception as exc:
+            err = translated(op, exc)
+            if err is None:
+                raise
+            raise err from exc
+        return _json_answer(op, head, answer, parse)
+
+    def _post_request(self, endpoint: str, body: dict[str, object]) -> bytes:
+        return post_request(self._endpoint.authority, f"{self._bucket_path}/{endpoint}", json.dumps(body).encode(),
+                            self._headers)
 
     def _granted_ms(self, op: str, doc: object) -> int:
         """How long a lookup's answer says its hits are leased; a refusal is counted (logged once per
@@ -852,8 +914,7 @@ class KvgwClient:
         self.counters.add("batch_get.calls")
         error: KvgwClientError | None = None
         try:
-            for key in keys:
-                _check_key(key)
+            _check_keys(keys)
         except KvgwClientError as exc:
             error = exc
             self._policy.note_failure("batch_get", exc)
@@ -979,7 +1040,7 @@ class KvgwClient:
         reader = BatchReader(len(keys), into=shifted, max_length=self.settings.max_chunk_bytes)
         sink = BatchSink(reader)
         pool = self._stream_pool()
-        request = post_request(pool, self._batch_get_path, json.dumps({"keys": keys}).encode(),
+        request = post_request(self._endpoint.authority, self._batch_get_path, json.dumps({"keys": keys}).encode(),
                                {**self._headers, **VERIFYING})
         self._leases.forget(keys)
 
@@ -1052,8 +1113,7 @@ class KvgwClient:
         if pool is None:
             if self._closed:
                 raise ClientClosed()
-            pool = self._streams[use] = StreamPool(self.settings.url, self.settings.ssl_context(),
-                                                   connections=self.settings.pool_size,
+            pool = self._streams[use] = StreamPool(self._endpoint, connections=self.settings.pool_size,
                                                    connect_timeout=self.settings.timeouts.connect)
         return pool
 
@@ -1102,6 +1162,7 @@ class KvgwClient:
         for pool in self._streams.values():
             pool.close()
         self._streams.clear()
+        self._calls.close()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -1177,3 +1238,54 @@ def _count_in(op: str, field: str, n: int, doc: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n:
         raise ProtocolError(f"{op}: expected \"{field}\" in 0..{n}, got {str(doc)[:200]}")
     return value
+
+
+def _exists_found(keys: Sequence[str], doc: object) -> list[bool]:
+    """``exists``' answer for ``keys``: one boolean per key; ProtocolError otherwise."""
+    value = doc.get("exists") if isinstance(doc, dict) else None
+    if not isinstance(value, list) or len(value) != len(keys) or not all(isinstance(b, bool) for b in value):
+        raise ProtocolError(f"exists: expected {len(keys)} booleans, got {str(doc)[:200]}")
+    return value
+
+
+def _prefix_length(keys: Sequence[str], doc: object) -> int:
+    """``prefix``' answer for ``keys``: how many leading keys are stored."""
+    return _count_in("prefix", "length", len(keys), doc)
+
+
+def _json_answer(op: str, head: Head, answer: Collect, parse: Callable[[object], T]) -> T:
+    """A bucket call's JSON answer, read whole into ``answer``: ``parse``d, or the error it stands for."""
+    if head.status != 200:
+        raise error_for(head.status, head.reason, head.headers.get(wire.H_REQUEST_ID), answer.data)
+    if answer.truncated:
+        raise ProtocolError(f"{op}: answer longer than {MAX_JSON_ANSWER} bytes")
+    try:
+        doc = json.loads(answer.data)
+    except ValueError as exc:
+        raise ProtocolError(f"{op}: response is not JSON") from exc
+    return parse(doc)
+
+
+async def _deadline_passed() -> Any:
+    raise TimeoutError()
+
+
+@dataclass(frozen=True)
+class _LookupKind(Generic[T]):
+    """A lookup a plain thread may make on its own thread (``KvgwClient.lookup_now``): its op, how its
+    answer for some keys is read (``parse``), which keys that answer found (``hits``: they are leased),
+    what a quiet failure answers, and the whole call as the I/O loop makes it."""
+
+    op: Literal["exists", "prefix"]
+    parse: Callable[[Sequence[str], object], T]
+    hits: Callable[[Sequence[str], T], Iterable[str]]
+    fallback: Callable[[Sequence[str]], T]
+    whole: Callable[[KvgwClient, list[str]], Awaitable[T]]
+
+    def reading(self, keys: Sequence[str]) -> tuple[Callable[[object], T], Callable[[T], Iterable[str]]]:
+        return functools.partial(self.parse, keys), functools.partial(self.hits, keys)
+
+
+EXISTS: _LookupKind[list[bool]] = _LookupKind("exists", _exists_found, _where, lambda keys: [False] * len(keys),
+                                              KvgwClient._exists)
+PREFIX: _LookupKind[int] = _LookupKind("prefix", _prefix_length, _first, lambda keys: 0, KvgwClient._prefix)

@@ -22,11 +22,13 @@ files. That is safe because a chunk's file path follows from its key, the lifecy
 chunk where it is, and every direct read verifies size and checksum: a file deleted or rewritten under
 the same key fails the check and the read falls back to batch-get (``forget`` drops what it knew).
 
-Not thread safe: the client's I/O loop owns it.
+Thread safe: the client's I/O loop and the lookups callers' threads make themselves
+(``KvgwClient.lookup_now``) share it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -43,6 +45,7 @@ class HeldLeases:
         self._until: OrderedDict[str, float] = OrderedDict()
         self._files: dict[str, Location] = {}  # of leased keys, where a locate found their file
         self._remembered = remembered
+        self._lock = threading.Lock()
 
     def now(self) -> float:
         return self._clock()
@@ -50,6 +53,10 @@ class HeldLeases:
     def covers(self, keys: Sequence[str], lease_ms: int) -> bool:
         """Whether every key stays leased for at least half of ``lease_ms`` from now: then a lookup of
         ``keys`` needs no lease of its own. False for no keys (nothing to save)."""
+        with self._lock:
+            return self._covers(keys, lease_ms)
+
+    def _covers(self, keys: Sequence[str], lease_ms: int) -> bool:
         if not keys or lease_ms <= 0:
             return False
         needed = self._clock() + lease_ms / 2000
@@ -58,44 +65,48 @@ class HeldLeases:
 
     def granted(self, keys: Iterable[str], sent_at: float, granted_ms: int) -> None:
         """The gateway leased ``keys`` for ``granted_ms`` in answer to a request sent at ``sent_at``."""
-        if granted_ms <= 0:
-            return
-        end = sent_at + granted_ms / 1000
-        until = self._until
-        for key in keys:
-            if until.get(key, 0.0) < end:
-                until[key] = end
-                until.move_to_end(key)
-        while len(until) > self._remembered:
-            self._files.pop(until.popitem(last=False)[0], None)
+        with self._lock:
+            if granted_ms <= 0:
+                return
+            end = sent_at + granted_ms / 1000
+            until = self._until
+            for key in keys:
+                if until.get(key, 0.0) < end:
+                    until[key] = end
+                    until.move_to_end(key)
+            while len(until) > self._remembered:
+                self._files.pop(until.popitem(last=False)[0], None)
 
     def remember_locations(self, keys: Sequence[str], locations: Sequence[Location | None]) -> None:
         """A ``locate`` answered ``locations`` for ``keys``: kept for the keys leased now that have a file."""
-        until, files = self._until, self._files
-        for key, location in zip(keys, locations, strict=True):
-            if location is not None and location.path is not None and key in until:
-                files[key] = location
+        with self._lock:
+            until, files = self._until, self._files
+            for key, location in zip(keys, locations, strict=True):
+                if location is not None and location.path is not None and key in until:
+                    files[key] = location
 
     def located(self, keys: Sequence[str], lease_ms: int) -> list[Location] | None:
         """Where every key's file is, if all are covered (``covers``) and were located; else None."""
-        if not self.covers(keys, lease_ms):
-            return None
-        found: list[Location] = []
-        for key in keys:
-            location = self._files.get(key)
-            if location is None:
+        with self._lock:
+            if not self._covers(keys, lease_ms):
                 return None
-            found.append(location)
-        return found
+            found: list[Location] = []
+            for key in keys:
+                location = self._files.get(key)
+                if location is None:
+                    return None
+                found.append(location)
+            return found
 
     def forget(self, keys: Iterable[str]) -> None:
         """Drop what is known of ``keys``: a load through the gateway is being sent (it ends their leases
         there), or a direct read of a remembered file failed."""
-        until, files = self._until, self._files
-        if until:
-            for key in keys:
-                until.pop(key, None)
-                files.pop(key, None)
+        with self._lock:
+            until, files = self._until, self._files
+            if until:
+                for key in keys:
+                    until.pop(key, None)
+                    files.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._until)

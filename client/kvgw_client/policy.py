@@ -13,7 +13,7 @@ and the boundary where foreign errors become client errors.
   (any gateway-side failure becomes the call's neutral answer instead of an exception; programming
   errors still raise).
 
-Everything here runs on the client's I/O loop.
+Everything here runs on the client's I/O loop, except ``calm``, which any thread may read.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from kvgw_client.errors import (
     Unavailable,
 )
 from kvgw_client.health import Circuit, CircuitState, Counters, FailureLog
-from kvgw_client.stream import StreamError
+from kvgw_client.response import StreamError
 
 T = TypeVar("T")
 
@@ -48,23 +48,34 @@ _ERROR_BODY_LIMIT = 64 << 10
 
 @contextlib.asynccontextmanager
 async def translate(what: str) -> AsyncIterator[None]:
-    """The one boundary where aiohttp/asyncio/OS errors become client errors (most specific first)."""
+    """The one boundary where aiohttp/asyncio/OS errors become client errors (``translated``)."""
     try:
         yield
     except KvgwClientError:
         raise
-    except TimeoutError as exc:  # includes aiohttp.ServerTimeoutError and asyncio.timeout()
-        raise Unavailable(f"{what}: timed out", timeout=True) from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise Unavailable(f"{what}: cannot connect: {exc}") from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise Unavailable(f"{what}: response cut short: {exc}") from exc
-    except (aiohttp.ClientResponseError, StreamError) as exc:
-        raise ProtocolError(f"{what}: malformed response: {exc}") from exc
-    except aiohttp.ClientError as exc:
-        raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-    except OSError as exc:
-        raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        err = translated(what, exc)
+        if err is None:
+            raise
+        raise err from exc
+
+
+def translated(what: str, exc: BaseException) -> KvgwClientError | None:
+    """The client error an aiohttp/asyncio/OS error stands for (most specific first); None for anything
+    else (a programming error, which stays what it is)."""
+    if isinstance(exc, TimeoutError):  # includes aiohttp.ServerTimeoutError and asyncio.timeout()
+        return Unavailable(f"{what}: timed out", timeout=True)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Unavailable(f"{what}: cannot connect: {exc}")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return Unavailable(f"{what}: response cut short: {exc}")
+    if isinstance(exc, (aiohttp.ClientResponseError, StreamError)):
+        return ProtocolError(f"{what}: malformed response: {exc}")
+    if isinstance(exc, aiohttp.ClientError):
+        return Unavailable(f"{what}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, OSError):
+        return Unavailable(f"{what}: {type(exc).__name__}: {exc}")
+    return None
 
 
 async def error_from(resp: aiohttp.ClientResponse) -> KvgwClientError:
@@ -115,14 +126,18 @@ class CallPolicy:
         self._probe: asyncio.Task[None] | None = None
 
     async def op(
-        self, op: str, body: Callable[[], Awaitable[T]], *, quiet: bool, fallback: T, deadline: float | None
+        self, op: str, body: Callable[[], Awaitable[T]], *, quiet: bool, fallback: T, deadline: float | None,
+        spent: float = 0.0, counted: bool = False,
     ) -> T:
-        """One public operation: the caller's deadline over all attempts, and ``quiet``."""
-        self._counters.add(f"{op}.calls")
+        """One public operation: the caller's deadline over all attempts, and ``quiet``. ``spent``: the
+        seconds of ``deadline`` already used (by a first attempt made on the caller's thread, which also
+        ``counted`` the call)."""
+        if not counted:
+            self._counters.add(f"{op}.calls")
         try:
             if deadline is None:
                 return await body()
-            async with asyncio.timeout(deadline):
+            async with asyncio.timeout(max(0.0, deadline - spent)):
                 return await body()
         except TimeoutError as exc:
             err = Unavailable(f"{op}: no answer within {deadline}s", timeout=True)
@@ -135,33 +150,48 @@ class CallPolicy:
                 return fallback
             raise
 
-    async def attempts(self, op: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """Retries, circuit and accounting around one request; a final failure is noted and raised."""
+    @property
+    def calm(self) -> bool:
+        """The circuit is closed with no failure since the last success: an attempt made off the I/O
+        loop (``KvgwClient``'s blocking lookups) may go ahead, and its success changes nothing here. Read
+        from any thread (a stale answer costs one hand-off to the loop, nothing else)."""
+        return (self.circuit.state is CircuitState.CLOSED and not self.circuit.consecutive_failures
+                and not self.failures.in_burst)
+
+    async def attempts(self, op: str, attempt: Callable[[], Awaitable[T]], *,
+                       failed: KvgwClientError | None = None) -> T:
+        """Retries, circuit and accounting around one request; a final failure is noted and raised.
+        ``failed``: how a first attempt made elsewhere (on a caller's thread) failed; it counts as this
+        call's first attempt."""
         retry = 0
         while True:
-            if self._is_closed():
-                raise ClientClosed()
-            if not self.circuit.allow():
-                err: KvgwClientError = CircuitOpen(self.circuit.retry_in())
-                self.note_failure(op, err)
+            if failed is None:
+                if self._is_closed():
+                    raise ClientClosed()
+                if not self.circuit.allow():
+                    refused = CircuitOpen(self.circuit.retry_in())
+                    self.note_failure(op, refused)
+                    raise refused
+                try:
+                    result = await attempt()
+                except KvgwClientError as attempt_failed:
+                    failed = attempt_failed
+                else:
+                    self.circuit.on_success()
+                    self.failures.success()
+                    return result
+            err, failed = failed, None
+            if err.retryable and retry + 1 < self._settings.retry.attempts:
+                self._trip(err)
+                if self.circuit.allow():
+                    self._counters.add(f"{op}.retries")
+                    await asyncio.sleep(self._settings.retry.delay(retry, self._rand()))
+                    retry += 1
+                    continue
+                self.failures.failure(op, err.kind, str(err))
                 raise err
-            try:
-                result = await attempt()
-            except KvgwClientError as exc:
-                if exc.retryable and retry + 1 < self._settings.retry.attempts:
-                    self._trip(exc)
-                    if self.circuit.allow():
-                        self._counters.add(f"{op}.retries")
-                        await asyncio.sleep(self._settings.retry.delay(retry, self._rand()))
-                        retry += 1
-                        continue
-                    self.failures.failure(op, exc.kind, str(exc))
-                    raise
-                self.note_failure(op, exc)
-                raise
-            self.circuit.on_success()
-            self.failures.success()
-            return result
+            self.note_failure(op, err)
+            raise err
 
     def note_failure(self, op: str, err: KvgwClientError) -> None:
         self._trip(err)

@@ -1,18 +1,18 @@
 """Batch-get streams read from the socket straight into their destinations: one copy per byte; and
-the client's small JSON calls (lookups, hints) on the same connections, without aiohttp's request cycle.
+the client's small JSON calls (lookups, hints) on the same kind of connections, without aiohttp's request
+cycle (a blocking lookup from a plain thread goes on ``kvgw_client.calls`` instead).
 
 Through aiohttp a batch-get's body reached the caller's buffer by three copies: out of the socket into
 a new ``bytes`` per read, again where its parser slices chunked data, and into the destination
 (``framing.PayloadWriter``). That cost kvgw's client ~0.5 s of CPU per GiB loaded, two to three times
 what reading the same bytes from a raw socket costs (BENCHMARKS.md, "kvgw bench io"). Here a connection
-is an ``asyncio.BufferedProtocol``: whenever a frame's payload is next in the stream, the buffer the
-event loop reads the socket into *is* the caller's destination (``BatchReader.payload_target``), and the
-payload is hashed there as it lands. Everything else (the response head, chunk-size lines, frame
-headers, an error's body) is read into a small buffer and parsed.
+is an ``asyncio.BufferedProtocol`` around a ``response.ResponseReader``: whenever a frame's payload is
+next in the stream, the buffer the event loop reads the socket into *is* the caller's destination
+(``BatchReader.payload_target``), and the payload is hashed there as it lands. Everything else (the
+response head, chunk-size lines, frame headers, an error's body) is read into a small buffer and parsed.
 
 What a caller must know:
-- HTTP/1.1 only as kvgw's gateway speaks it to this client: a response body with ``Content-Length``,
-  ``Transfer-Encoding: chunked``, or delimited by the connection closing. TLS works the same way
+- HTTP/1.1 only as kvgw's gateway speaks it to this client (``response``). TLS works the same way
   (asyncio's TLS transport reads decrypted bytes into the protocol's buffer).
 - One request at a time per connection. Whoever ``StreamPool.request`` gave a connection gives it back
   with ``StreamPool.release`` once done with it (after ``abort`` if the answer was not read to its end):
@@ -25,54 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from urllib.parse import urlsplit
 
+from kvgw_client.endpoint import Endpoint
 from kvgw_client.framing import BatchItem, BatchReader
-
-MAX_HEAD_BYTES = 64 * 1024  # a response head (or a chunk-size line, or trailers) longer than this is refused
-ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error response's body kept for its message
-_READ_BYTES = 64 * 1024
-"""The small buffer everything but payloads is read into. A read there may take the start of the next
-payload too (copied on, ``BatchSink.feed``): at most this much per frame, under 1% of an 8 MiB chunk."""
-
-# where the body is
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _TO_CLOSE, _DONE = range(8)
-
-
-class StreamError(Exception):
-    """The server's answer is not HTTP/1.1 as this reader understands it, or it ended early."""
-
-
-class BodySink:
-    """Where a response body's bytes go. ``feed`` copies; ``target`` (optional) is a writable view the
-    next bytes may be read into directly, which ``written`` then accounts for."""
-
-    def feed(self, data: memoryview) -> None:
-        raise NotImplementedError
-
-    def target(self) -> memoryview | None:
-        return None
-
-    def written(self, n: int) -> None:
-        raise NotImplementedError
-
-
-class Collect(BodySink):
-    """A (small) body kept whole, up to ``limit`` bytes (the rest dropped, ``truncated`` set): an
-    error's JSON, or a JSON answer."""
-
-    def __init__(self, limit: int = ERROR_BODY_LIMIT) -> None:
-        self.data = bytearray()
-        self.limit = limit
-        self.truncated = False
-
-    def feed(self, data: memoryview) -> None:
-        room = max(0, self.limit - len(self.data))
-        self.truncated |= len(data) > room
-        self.data += data[:room]
+from kvgw_client.response import BodySink, Head, ResponseReader, StreamError
 
 
 class BatchSink(BodySink):
@@ -106,28 +63,14 @@ class BatchSink(BodySink):
             self.event.set()
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
-    status: int
-    reason: str
-    headers: Mapping[str, str]  # names lower-cased; a repeated name keeps its last value
-
-
 class StreamConnection(asyncio.BufferedProtocol):
-    """One keep-alive HTTP/1.1 connection reading response bodies into a ``BodySink``."""
+    """One keep-alive HTTP/1.1 connection reading response bodies into a ``BodySink``
+    (``response.ResponseReader`` parses; this protocol adds the futures its caller awaits)."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self._read = bytearray(_READ_BYTES)
-        self._read_view = memoryview(self._read)
-        self._line = bytearray()  # a head or line read so far
-        self._direct = False  # the last get_buffer handed out the sink's target
-        self._state = _DONE
-        self._remaining = 0  # body bytes (length mode) or chunk bytes (chunked) still to come
-        self._close_after = False
-        self._sink: BodySink | None = None
-        self._sink_for: Callable[[Head], BodySink] | None = None
+        self._reader = ResponseReader()
         self._head: asyncio.Future[Head] | None = None
         self._done: asyncio.Future[None] | None = None
         self.last_read = self._loop.time()  # when bytes last arrived (the caller's idle-read timeout)
@@ -138,11 +81,8 @@ class StreamConnection(asyncio.BufferedProtocol):
     def send(self, request: bytes, sink_for: Callable[[Head], BodySink]) -> None:
         """Send ``request`` (a whole HTTP/1.1 request); the body of its response goes to the sink
         ``sink_for`` picks by the response's head (a batch reader for a 200, a collector for an error)."""
-        assert self.transport is not None and self._state == _DONE
-        self._sink_for = sink_for
-        self._sink = None
-        self._state = _HEAD
-        self._line.clear()
+        assert self.transport is not None and self._reader.idle
+        self._reader.start(sink_for)
         self._head = self._loop.create_future()
         self._done = self._loop.create_future()
         self.last_read = self._loop.time()
@@ -156,8 +96,9 @@ class StreamConnection(asyncio.BufferedProtocol):
     @property
     def reusable(self) -> bool:
         """The last answer ended cleanly and the connection stays open for another request."""
-        return (self._state == _DONE and self._done is not None and self._done.done()
+        return (self._reader.idle and self._done is not None and self._done.done()
                 and not self._done.cancelled() and self._done.exception() is None
+                and not self._reader.close_after
                 and self.transport is not None and not self.transport.is_closing())
 
     @property
@@ -181,8 +122,8 @@ class StreamConnection(asyncio.BufferedProtocol):
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._state == _TO_CLOSE:
-            self._finish()
+        if self._reader.closed():
+            self._settle()
             return
         self._fail(exc or ConnectionResetError("the gateway closed the connection mid-response"))
 
@@ -190,141 +131,34 @@ class StreamConnection(asyncio.BufferedProtocol):
         return False  # close: the answer (if delimited by the close) ends with connection_lost
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._state in (_LENGTH, _CHUNK_DATA, _TO_CLOSE) and self._sink is not None:
-            target = self._sink.target()
-            if target is not None and len(target):
-                self._direct = True
-                return target if self._state == _TO_CLOSE else target[: self._remaining]
-        self._direct = False
-        return self._read_view
+        return self._reader.buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_read = self._loop.time()
         self.answered = True
         try:
-            if self._direct:
-                assert self._sink is not None
-                self._sink.written(nbytes)
-                if self._state != _TO_CLOSE:
-                    self._remaining -= nbytes
-                    if not self._remaining:
-                        self._state = _DONE if self._state == _LENGTH else _CHUNK_END
-                        if self._state == _DONE:
-                            self._finish()
-                return
-            self._parse(self._read_view[:nbytes])
+            self._reader.updated(nbytes)
         except Exception as exc:  # a malformed answer or a sink that refuses it: the connection is done
+            self._settle()  # an answer that ended before what broke stands
             self._fail(exc)
-
-    # -- parsing ---------------------------------------------------------------------------------
-
-    def _parse(self, data: memoryview) -> None:
-        pos, end = 0, len(data)
-        while pos < end:
-            state = self._state
-            if state in (_LENGTH, _CHUNK_DATA, _TO_CLOSE):
-                n = end - pos if state == _TO_CLOSE else min(self._remaining, end - pos)
-                assert self._sink is not None
-                self._sink.feed(data[pos : pos + n])
-                pos += n
-                if state != _TO_CLOSE:
-                    self._remaining -= n
-                    if not self._remaining:
-                        self._state = _CHUNK_END if state == _CHUNK_DATA else _DONE
-                        if self._state == _DONE:
-                            self._finish()
-                continue
-            if state == _DONE:
-                raise StreamError("bytes after the end of the response")
-            line, pos = self._take_line(data, pos, b"\r\n\r\n" if state == _HEAD else b"\r\n")
-            if line is None:
-                return
-            if state == _HEAD:
-                self._on_head(line)
-            elif state == _CHUNK_SIZE:
-                size_text = line.split(b";", 1)[0].strip()
-                try:
-                    self._remaining = int(size_text, 16)
-                except ValueError:
-                    raise StreamError(f"bad chunk size {size_text[:20]!r}") from None
-                self._state = _CHUNK_DATA if self._remaining else _TRAILERS
-            elif state == _CHUNK_END:
-                if line:
-                    raise StreamError("chunk data not followed by CRLF")
-                self._state = _CHUNK_SIZE
-            elif not line:  # _TRAILERS: the empty line ends them
-                self._state = _DONE
-                self._finish()
-
-    def _take_line(self, data: memoryview, pos: int, end_mark: bytes) -> tuple[bytes | None, int]:
-        """The next line (or head) without its end mark, and the position after it; (None, end) when it
-        has not all arrived (kept for the next read). ``data`` is the start of the read buffer."""
-        kept = len(self._line)
-        if kept:  # a line begun in an earlier read: its end mark may straddle the two
-            self._line += data[pos : pos + MAX_HEAD_BYTES]
-            at = self._line.find(end_mark, max(0, kept - len(end_mark) + 1))
-            if at < 0:
-                if len(self._line) > MAX_HEAD_BYTES:
-                    raise StreamError("response head or line too long")
-                return None, len(data)
-            line = bytes(self._line[:at])
-            self._line.clear()
-            return line, pos + at + len(end_mark) - kept
-        at = self._read.find(end_mark, pos, len(data))
-        if at < 0:
-            if len(data) - pos > MAX_HEAD_BYTES:
-                raise StreamError("response head or line too long")
-            self._line += data[pos:]
-            return None, len(data)
-        return bytes(self._read[pos:at]), at + len(end_mark)
-
-    def _on_head(self, raw: bytes) -> None:
-        lines = raw.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise StreamError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise StreamError(f"bad header line {line[:80]!r}")
-            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-        if 100 <= status < 200:
-            return  # an interim answer: the real head follows
-        self._close_after = (headers.get("connection", "").lower() == "close" or parts[0] == b"HTTP/1.0")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._state = _CHUNK_SIZE
-        elif "content-length" in headers:
-            try:
-                self._remaining = int(headers["content-length"])
-            except ValueError:
-                raise StreamError(f"bad content-length {headers['content-length'][:20]!r}") from None
-            self._state = _LENGTH if self._remaining else _DONE
-        else:
-            self._state = _TO_CLOSE
-            self._close_after = True
-        head = Head(status, parts[2].decode("latin-1") if len(parts) > 2 else "", headers)
-        assert self._head is not None and self._sink_for is not None
-        self._sink = self._sink_for(head)
-        if not self._head.done():
-            self._head.set_result(head)
-        if self._state == _DONE:
-            self._finish()
+            return
+        self._settle()
 
     # -- the end of a response -------------------------------------------------------------------
 
-    def _finish(self) -> None:
-        self._state = _DONE
-        self._sink = None
-        if self._done is not None and not self._done.done():
+    def _settle(self) -> None:
+        """Resolve the futures for what the reader has: the head once it arrived, the end once it came
+        (then close the connection if the answer asked for it)."""
+        reader = self._reader
+        if reader.head is not None and self._head is not None and not self._head.done():
+            self._head.set_result(reader.head)
+        if reader.complete and self._done is not None and not self._done.done():
             self._done.set_result(None)
-        if self._close_after:
-            self.close()
+            if reader.close_after:
+                self.close()
 
     def _fail(self, exc: BaseException) -> None:
-        self._state = _DONE
-        self._sink = None
+        self._reader.fail()
         for fut in (self._head, self._done):
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
@@ -340,26 +174,8 @@ class StreamPool:
     fails before any byte of the answer: the request is sent again, on the next idle connection or a
     new one (a batch-get changes nothing on the gateway, so sending it twice is harmless)."""
 
-    def __init__(self, url: str, ssl_context: ssl.SSLContext | bool, *, connections: int,
-                 connect_timeout: float) -> None:
-        parts = urlsplit(url)
-        self.host = parts.hostname or "localhost"
-        self.tls = parts.scheme == "https"
-        self.port = parts.port or (443 if self.tls else 80)
-        default_port = 443 if self.tls else 80
-        self.authority = self.host if self.port == default_port else f"{self.host}:{self.port}"
-        if ":" in self.host and not self.host.startswith("["):
-            self.authority = f"[{self.host}]" + ("" if self.port == default_port else f":{self.port}")
-        self._ssl: ssl.SSLContext | None = None
-        if self.tls:
-            if isinstance(ssl_context, ssl.SSLContext):
-                self._ssl = ssl_context
-            elif ssl_context:
-                self._ssl = ssl.create_default_context()
-            else:
-                self._ssl = ssl.create_default_context()
-                self._ssl.check_hostname = False
-                self._ssl.verify_mode = ssl.CERT_NONE
+    def __init__(self, endpoint: Endpoint, *, connections: int, connect_timeout: float) -> None:
+        self.endpoint = endpoint
         self._max_idle = connections
         self._slots = asyncio.Semaphore(connections)
         self._connect_timeout = connect_timeout
@@ -412,8 +228,8 @@ class StreamPool:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout):
             _, protocol = await loop.create_connection(
-                StreamConnection, self.host, self.port, ssl=self._ssl,
-                server_hostname=self.host if self._ssl is not None else None)
+                StreamConnection, self.endpoint.host, self.endpoint.port, ssl=self.endpoint.tls,
+                server_hostname=self.endpoint.server_hostname)
         return protocol
 
     def close(self) -> None:
@@ -422,8 +238,8 @@ class StreamPool:
             self._idle.pop().close()
 
 
-def post_request(pool: StreamPool, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
-    """An HTTP/1.1 POST of a JSON ``body`` to ``path`` on ``pool``'s gateway, whole."""
-    lines = [f"POST {path} HTTP/1.1", f"Host: {pool.authority}", "Content-Type: application/json",
+def post_request(authority: str, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+    """An HTTP/1.1 POST of a JSON ``body`` to ``path`` at ``authority`` (the Host header), whole."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: {authority}", "Content-Type: application/json",
              f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in headers.items()), "", ""]
     return "\r\n".join(lines).encode("latin-1") + body

@@ -9,74 +9,15 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import pytest
 import xxhash
 
 from kvgw_client import wire
-from kvgw_client.config import ClientSettings, RetryPolicy, Timeouts
 from kvgw_client.errors import ProtocolError, Rejected, ServerError, Unavailable
 from kvgw_client.framing import ItemStatus
 from kvgw_client.http import KvgwClient
-
-Respond = Callable[[socket.socket, int], bool]
-"""Writes the answer to request number ``n`` (0-based, over all connections); True keeps the
-connection open for the next request."""
-
-
-class ScriptedServer:
-    """Reads each HTTP request (head and Content-Length body) and answers it with ``respond``."""
-
-    instances: list[ScriptedServer] = []
-
-    def __init__(self, respond: Respond) -> None:
-        ScriptedServer.instances.append(self)
-        self.respond = respond
-        self.requests: list[bytes] = []
-        self.connections = 0
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        data = b""
-        with conn:
-            while True:
-                while b"\r\n\r\n" not in data:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    data += got
-                head, _, data = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(data) < length:
-                    data += conn.recv(65536)
-                with self._lock:
-                    self.requests.append(head + b"\r\n\r\n" + data[:length])
-                    n = len(self.requests) - 1
-                data = data[length:]
-                try:
-                    if not self.respond(conn, n):
-                        return
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self._sock.close()
+from tests.unit.client.scripted import chunked, head, send_in_pieces, server_of
 
 
 def batch_body(payloads: list[bytes | None], *, corrupt: int | None = None) -> bytes:
@@ -92,20 +33,6 @@ def batch_body(payloads: list[bytes | None], *, corrupt: int | None = None) -> b
     return b"".join(out)
 
 
-def head(status: str = "200 OK", *, framing: str, extra: str = "", ctype: str = wire.BATCH_CONTENT_TYPE) -> bytes:
-    return f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\n{framing}{extra}\r\n".encode()
-
-
-def chunked(body: bytes, rng: random.Random) -> bytes:
-    """``body`` in chunked transfer coding, chunks of random sizes (1 byte to 1 MiB)."""
-    out, at = [], 0
-    while at < len(body):
-        n = min(len(body) - at, rng.choice((1, 7, 24, 4096, 65536, 1 << 20)))
-        out += [b"%x\r\n" % n, body[at : at + n], b"\r\n"]
-        at += n
-    return b"".join(out) + b"0\r\n\r\n"
-
-
 def chunked_as_the_gateway_sends(payloads: list[bytes | None]) -> bytes:
     """A batch-get body in chunked transfer coding the way kvgw's gateway sends it: one chunk for the
     batch header, one per frame header, one per payload, one for the trailer."""
@@ -117,36 +44,6 @@ def chunked_as_the_gateway_sends(payloads: list[bytes | None]) -> bytes:
             parts += [wire.encode_frame_header(wire.FRAME_OK, len(payload), xxhash.xxh3_64_intdigest(payload)), payload]
     parts.append(wire.encode_batch_trailer(len(payloads)))
     return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
-
-
-def send_in_pieces(conn: socket.socket, data: bytes, rng: random.Random, *, small: bool) -> None:
-    """``data`` in random pieces with pauses, so reads end anywhere: inside a head, a chunk-size line, a
-    frame header or a payload."""
-    at = 0
-    while at < len(data):
-        n = rng.randint(1, 40) if small else rng.randint(1, 3 << 20)
-        conn.sendall(data[at : at + n])
-        at += n
-        if rng.random() < 0.05:
-            time.sleep(0.001)
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[[Respond], KvgwClient]]:
-    opened: list[tuple[ScriptedServer, KvgwClient]] = []
-
-    def start(respond: Respond, *, read_timeout: float = 10.0, pool_size: int = 32) -> KvgwClient:
-        server = ScriptedServer(respond)
-        settings = ClientSettings(url=f"http://127.0.0.1:{server.port}", bucket="kvcache", pool_size=pool_size,
-                                  timeouts=Timeouts(read=read_timeout), retry=RetryPolicy(attempts=1))
-        client = KvgwClient(settings)
-        opened.append((server, client))
-        return client
-
-    yield start
-    for server, client in opened:
-        client.close()
-        server.close()
 
 
 def read_all(client: KvgwClient, sizes: list[int], *, quiet: bool = False) -> tuple[list[ItemStatus], list[bytearray]]:
@@ -213,17 +110,12 @@ def test_the_request_is_a_verifying_batch_get(serve) -> None:
 
     client = serve(respond)
     assert read_all(client, [1])[0] == [ItemStatus.OK]
-    sent = _server_of(client).requests[0]
+    sent = server_of(client).requests[0]
     first, *lines = sent.split(b"\r\n\r\n")[0].split(b"\r\n")
     assert first == b"POST /v1/buckets/kvcache/batch-get HTTP/1.1"
     names = {line.split(b":")[0].lower() for line in lines}
     assert {b"host", b"content-type", b"content-length", wire.H_VERIFY.lower().encode()} <= names
     assert sent.endswith(b'{"keys": ["k0"]}')
-
-
-def _server_of(client: KvgwClient) -> ScriptedServer:
-    port = int(client.settings.url.rsplit(":", 1)[1])
-    return next(s for s in ScriptedServer.instances if s.port == port)
 
 
 def test_an_error_answer_becomes_the_gateways_error(serve) -> None:
@@ -290,7 +182,7 @@ def test_a_connection_the_gateway_closed_while_idle_is_replaced(serve) -> None:
     for _ in range(3):
         statuses, buffers = read_all(client, [10])
         assert statuses == [ItemStatus.OK] and bytes(buffers[0]) == b"z" * 10
-    assert _server_of(client).connections == 3
+    assert server_of(client).connections == 3
 
 
 @pytest.mark.parametrize("bad", [b"zz\r\n", b"5\r\nabcdefg\r\n", b"HTTP/9 what\r\n\r\n"],
@@ -355,4 +247,4 @@ def test_concurrent_streams_share_at_most_pool_size_connections(serve) -> None:
     for thread in threads:
         thread.join()
     assert results == [[ItemStatus.OK]] * 6
-    assert _server_of(client).connections == 2
+    assert server_of(client).connections == 2
