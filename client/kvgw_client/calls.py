@@ -10,7 +10,8 @@ client's ``exists`` of 64 keys waited 3.2-3.5x what the same call costs on a soc
 
 What a caller must know:
 - Any thread may call ``exchange``; each takes an idle connection (or opens one) and gives it back when
-  its answer ended cleanly, so threads never share a connection. At most ``idle`` are kept.
+  its answer ended cleanly, so threads never share a connection. A thread has at most one call in
+  flight, so there are at most as many connections as threads looking up at once; ``idle`` are kept.
 - ``timeout`` bounds the whole exchange (connecting, sending, reading); errors surface as ``OSError`` /
   ``TimeoutError`` / ``StreamError`` (``policy.translated`` turns them into client errors).
 - A kept connection the gateway closed while it sat idle (its keep-alive timeout) fails before any

@@ -3,6 +3,7 @@ and https (``--tls-cert``/``--tls-key``) with boto3, the aws CLI and kvgw's own 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import os
@@ -194,6 +195,10 @@ async def test_https_with_kvgw_client(tls_server: ServerProcess) -> None:
         assert await client.put("tls-key", b"tls bytes") is PutOutcome.STORED
         assert await client.get("tls-key") == b"tls bytes"
         assert await client.prefix(["tls-key", "absent"]) == 1
+        # a plain thread's lookup on its own blocking TLS connection (kvgw_client.calls): no retry means
+        # its first attempt, made on that thread, got through
+        assert await asyncio.to_thread(client.blocking.exists, ["tls-key", "absent"]) == [True, False]
+        assert client.counters.get("exists.retries") == 0 and client.stats()["failures"] == {}
         # batch-get's stream (kvgw_client.stream) over TLS: payloads decrypted straight into the buffers
         large = os.urandom(3 << 20)
         assert await client.put("tls-large", large) is PutOutcome.STORED
