@@ -10,7 +10,9 @@ here sync callers reach the same async core through ``IoLoop.call`` (see ``kvgw_
 
 Threading: every method may be called from any thread or event loop. The work runs on the client's
 I/O loop (one keep-alive pool, one health state); an awaiting caller's loop only waits on a future,
-and ``client.blocking`` blocks only the calling thread. Callbacks a caller passes (buffer providers,
+and ``client.blocking`` blocks only the calling thread. The exception: a plain thread's lookup
+(``client.blocking.exists`` / ``prefix``) makes its first attempt itself, on a blocking connection
+(``lookup_now``), and only a failure goes on to the I/O loop. Callbacks a caller passes (buffer providers,
 ``on_item``) run on the I/O thread and must not block.
 
 Failure policy (``CallPolicy``): retryable failures (connection, timeout, 500/502/503/504, 429) are

@@ -1,6 +1,7 @@
 """The client's own event loop, on a daemon thread, and the ways to reach it from anywhere.
 
-All network I/O of a ``KvgwClient`` runs on this loop, so one connection pool serves every caller:
+All network I/O of a ``KvgwClient`` runs on this loop, so one connection pool serves every caller
+(except the first attempt of a plain thread's lookup, made on that thread: ``KvgwClient.lookup_now``):
 coroutines on LMCache's event loop (``await io.run(...)``: the awaiting loop only waits on a future),
 plain threads (``io.call(...)`` blocks that thread), and the client's own background work
 (``io.submit(...)``). Checksums and payload copies happen on this thread as well, never on a
