@@ -1245,7 +1245,7 @@ def _count_in(op: str, field: str, n: int, doc: object) -> int:
 def _exists_found(keys: Sequence[str], doc: object) -> list[bool]:
     """``exists``' answer for ``keys``: one boolean per key; ProtocolError otherwise."""
     value = doc.get("exists") if isinstance(doc, dict) else None
-    if not isinstance(value, list) or len(value) != len(keys) or not all(isinstance(b, bool) for b in value):
+    if not isinstance(value, list) or len(value) != len(keys) or not set(map(type, value)) <= {bool}:
         raise ProtocolError(f"exists: expected {len(keys)} booleans, got {str(doc)[:200]}")
     return value
 

@@ -227,3 +227,16 @@ def test_a_blocking_lookup_from_an_event_loop_thread_is_refused(serve: Serve) ->
     with pytest.raises(RuntimeError, match="event loop thread"):
         asyncio.run(on_a_loop())
     assert server_of(client).requests == []
+
+
+@pytest.mark.parametrize("doc", [{"exists": [True, 1, False]}, {"exists": [True, False]}, {"length": 9},
+                                 {"exists": "yes"}], ids=["not-a-bool", "too-few", "length-too-big", "not-a-list"])
+def test_an_answer_of_the_wrong_shape_is_a_protocol_error(serve: Serve, doc: dict[str, object]) -> None:
+    def respond(conn: socket.socket, n: int) -> bool:
+        conn.sendall(json_answer(doc))
+        return True
+
+    client = serve(respond)
+    lookup = client.blocking.prefix if "length" in doc else client.blocking.exists
+    with pytest.raises(ProtocolError, match="expected"):
+        lookup(KEYS)
