@@ -126,6 +126,7 @@ class HttpFaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="http-fault-proxy", daemon=True)
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.accepted = 0  # client connections accepted so far
         sock = socket.create_server(("127.0.0.1", 0))
         self.port: int = sock.getsockname()[1]
         sock.close()
@@ -202,6 +203,7 @@ class HttpFaultProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        self.accepted += 1
         try:
             while await self._exchange(reader, writer):
                 pass

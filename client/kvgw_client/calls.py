@@ -11,7 +11,9 @@ client's ``exists`` of 64 keys waited 3.2-3.5x what the same call costs on a soc
 What a caller must know:
 - Any thread may call ``exchange``; each takes an idle connection (or opens one) and gives it back when
   its answer ended cleanly, so threads never share a connection. A thread has at most one call in
-  flight, so there are at most as many connections as threads looking up at once; ``idle`` are kept.
+  flight, so there are at most as many connections as threads looking up at once, and all are kept
+  (up to ``MAX_IDLE``): keeping fewer would open and close one per call whenever more threads look up
+  together, each leaving a socket in TIME_WAIT. The gateway closes those idle too long.
 - ``timeout`` bounds the whole exchange (connecting, sending, reading); errors surface as ``OSError`` /
   ``TimeoutError`` / ``StreamError`` (``policy.translated`` turns them into client errors).
 - A kept connection the gateway closed while it sat idle (its keep-alive timeout) fails before any
@@ -84,12 +86,15 @@ class _NothingAnswered(ConnectionResetError):
     """The connection was closed (or reset) before any byte of the answer."""
 
 
+MAX_IDLE = 256
+"""Connections kept for the next call: a guard only (one per thread that looks up at once)."""
+
+
 class BlockingCalls:
     """Keep-alive connections to one gateway for calls made on callers' threads."""
 
-    def __init__(self, endpoint: Endpoint, *, idle: int) -> None:
+    def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
-        self._max_idle = idle
         self._idle: collections.deque[_Connection] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -134,7 +139,7 @@ class BlockingCalls:
     def _give_back(self, conn: _Connection) -> None:
         if conn.reusable:
             with self._lock:
-                if not self._closed and len(self._idle) < self._max_idle:
+                if not self._closed and len(self._idle) < MAX_IDLE:
                     self._idle.append(conn)
                     return
         conn.close()

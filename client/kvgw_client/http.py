@@ -186,7 +186,7 @@ class KvgwClient:
         self._session: aiohttp.ClientSession | None = None
         self._endpoint = Endpoint.of(settings.url, settings.ssl_context())
         self._streams: dict[str, StreamPool] = {}  # connections by use: "bulk" (batch-get), "calls" (JSON calls)
-        self._calls = BlockingCalls(self._endpoint, idle=settings.pool_size)  # lookups on callers' threads
+        self._calls = BlockingCalls(self._endpoint)  # lookups made on callers' threads
         self._write_gate: asyncio.Semaphore | None = None
         self._closed = False
         base = settings.url.rstrip("/")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -100,6 +101,40 @@ def test_lookup_answers_of_any_length_are_read_whole(
     assert client.blocking.exists(keys) == [False] * 29_999 + [True]
     assert client.blocking.exists(keys[-1:]) == [True]
     assert proxy.ops("exists") == 2
+
+
+def test_threads_looking_up_at_once_each_get_their_own_answer(
+    proxy: HttpFaultProxy, make_client: Callable[..., KvgwClient], names: Callable[[str], str]
+) -> None:
+    """Plain threads' lookups go out on their own threads' blocking connections (``kvgw_client.calls``):
+    eight threads asking different keys at once, in lockstep, each get the answer to their own
+    question, every call's first attempt gets through (no retry, no failure), and the connections are
+    kept for the next round, also beyond the pool size (at most one per thread), not opened per call."""
+    client = make_client(proxy.url, pool_size=2)
+    stored = [names(f"s{i}") for i in range(8)]
+    for key in stored:
+        client.blocking.put(key, key.encode())
+    before = proxy.accepted
+    rounds = threading.Barrier(8)
+    answers: dict[int, set[tuple[tuple[bool, ...], int]]] = {}
+
+    def ask(i: int) -> None:
+        keys = [stored[i], names(f"absent-{i}"), stored[(i + 1) % 8]]
+        seen = set()
+        for _ in range(20):
+            rounds.wait(30)
+            seen.add((tuple(client.blocking.exists(keys)), client.blocking.prefix(keys)))
+        answers[i] = seen
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == {i: {((True, False, True), 1)} for i in range(8)}
+    assert client.counters.get("exists.calls") == 160 and client.counters.get("exists.retries") == 0
+    assert client.counters.get("prefix.retries") == 0 and client.stats()["failures"] == {}
+    assert proxy.ops("exists") == 160 and proxy.accepted - before <= 8
 
 
 def test_get_into_copies_straight_into_the_callers_buffer(kvgw_client: KvgwClient, names: Callable[[str], str]) -> None:
