@@ -88,7 +88,7 @@ class ClientSettings:
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     health: HealthPolicy = HealthPolicy()
-    pool_size: int = 32
+    pool_size: int = 32  # the I/O loop's connections per use (batch-get; JSON calls); see kvgw_client.calls
     write_concurrency: int = 8
     max_keys_per_call: int = 1000
     max_chunk_bytes: int = 1 << 30
