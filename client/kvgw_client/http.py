@@ -72,7 +72,7 @@ from kvgw_client.framing import (
 )
 from kvgw_client.health import CircuitState, Counters
 from kvgw_client.leases import HeldLeases
-from kvgw_client.loop import IoLoop
+from kvgw_client.loop import IoLoop, refuse_on_an_event_loop
 from kvgw_client.policy import CallPolicy, error_for, error_from, translate, translated
 from kvgw_client.response import Collect, Head
 from kvgw_client.stream import BatchSink, StreamConnection, StreamPool, post_request
@@ -572,12 +572,7 @@ class KvgwClient:
                 or not keyrules.plainly_valid(keys)):
             return self._io.call(self._policy.op(op, lambda: kind.whole(self, keys), quiet=quiet,
                                                  fallback=kind.fallback(keys), deadline=timeout))
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError("blocking kvgw call from an event loop thread; use the async API")
+        refuse_on_an_event_loop()
         self.counters.add(f"{op}.calls")
         started = time.monotonic()
         parse, hits = kind.reading(keys)

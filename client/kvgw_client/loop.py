@@ -91,12 +91,10 @@ class IoLoop:
         loop (and deadlock if it is the I/O loop itself).
         """
         try:
-            asyncio.get_running_loop()
+            refuse_on_an_event_loop()
         except RuntimeError:
-            pass
-        else:
             coro.close()
-            raise RuntimeError("blocking kvgw call from an event loop thread; use the async API")
+            raise
         future = self.submit(coro)
         try:
             return future.result(timeout)
@@ -114,6 +112,16 @@ class IoLoop:
                 self._loop.call_soon_threadsafe(self._loop.stop)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+
+def refuse_on_an_event_loop() -> None:
+    """Raise RuntimeError on a thread that is running an event loop: a blocking call there would stall
+    that loop (and deadlock if it is the client's I/O loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError("blocking kvgw call from an event loop thread; use the async API")
 
 
 async def wait_shared(future: cf.Future[T]) -> T:
