@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,6 +43,14 @@ CONNECT_TIMEOUT_SECONDS = 5
 _CHANNEL = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
+def _file_mark(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class ClusterDB:
     """An engine on the catalog database for the cluster's background work, and the thread it runs in."""
 
@@ -57,6 +66,26 @@ class ClusterDB:
             self.engine = make_engine(url)
         self.postgres = self.engine.dialect.name == "postgresql"
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgw-cluster")
+
+    def change_mark(self) -> tuple[tuple[int, int, int] | None, ...] | None:
+        """SQLite: a stamp of the database's files (the main file and its write-ahead log: inode, size,
+        modification time) that moves with every commit of any process, read with two ``stat`` calls on
+        the calling thread (cheap enough for the event loop). None on PostgreSQL (it notifies instead)
+        and for a database no file holds. A poller compares two stamps to skip a query while nothing
+        was committed in between.
+
+        A commit shows as a new stamp when the filesystem dates it apart from the commit before the
+        last stamp was read: a write-ahead log that was restarted keeps its size, so its modification
+        time must differ. Linux's multigrain timestamps (6.13 on) give that on ext4, XFS, btrfs and
+        tmpfs once a ``stat`` has looked; with coarser ones (a tick of a few milliseconds) a commit
+        right after another may go unseen until the next commit, so a caller keeps an unconditional
+        read of its own now and then (the lease syncer's every ``sync_seconds``)."""
+        if self.postgres:
+            return None
+        database = self.engine.url.database
+        if not database or database == ":memory:":
+            return None
+        return tuple(_file_mark(path) for path in (database, f"{database}-wal"))
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking database call in the cluster's threads."""
