@@ -332,7 +332,8 @@ class FeedPublisher:
             if not self._queue:
                 timeout = max(0.0, self._reads_due - time.monotonic())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
+                        await self._wake.wait()
             self._wake.clear()
             if self._queue and len(self._queue) < self.batch_events and self.flush_seconds > 0:
                 await asyncio.sleep(self.flush_seconds)  # let a batch gather
@@ -627,7 +628,8 @@ class FeedSubscriber:
             if applied >= self.batch_events:
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+                async with asyncio.timeout(self.poll_seconds):  # no task per wait, unlike wait_for
+                    await self._wake.wait()
             self._wake.clear()
 
     def _failed(self, exc: BaseException) -> None:

@@ -294,7 +294,8 @@ class LeaseBook:
             while not wake.is_set() and self._monotonic() < due:
                 timeout = max(0.0, due - self._monotonic())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout if postgres else min(timeout, PEEK_SECONDS))
+                    async with asyncio.timeout(timeout if postgres else min(timeout, PEEK_SECONDS)):
+                        await wake.wait()  # awaited in this task: wait_for made a task per wait
                 if not postgres and not wake.is_set() and self.local.known() >= 0:
                     # SQLite: a claim shows as a new head, read only when something was committed since
                     # the last read (an idle gateway read it 20 times a second: 2% of a core)
