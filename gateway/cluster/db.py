@@ -67,12 +67,12 @@ class ClusterDB:
         self.postgres = self.engine.dialect.name == "postgresql"
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgw-cluster")
 
-    def change_mark(self) -> tuple[tuple[int, int, int] | None, ...] | None:
+    def change_mark(self) -> tuple[tuple[int, int, int], tuple[int, int, int] | None] | None:
         """SQLite: a stamp of the database's files (the main file and its write-ahead log: inode, size,
         modification time) that moves with every commit of any process, read with two ``stat`` calls on
         the calling thread (cheap enough for the event loop). None on PostgreSQL (it notifies instead)
-        and for a database no file holds. A poller compares two stamps to skip a query while nothing
-        was committed in between.
+        and for a database no file at its name holds (in memory, an URI filename). A poller compares
+        two stamps to skip a query while nothing was committed in between.
 
         A commit shows as a new stamp when the filesystem dates it apart from the commit before the
         last stamp was read: a write-ahead log that was restarted keeps its size, so its modification
@@ -83,9 +83,10 @@ class ClusterDB:
         if self.postgres:
             return None
         database = self.engine.url.database
-        if not database or database == ":memory:":
+        main = _file_mark(database) if database else None
+        if main is None:  # in memory, or a name that is not a path (an URI filename)
             return None
-        return tuple(_file_mark(path) for path in (database, f"{database}-wal"))
+        return (main, _file_mark(f"{database}-wal"))
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking database call in the cluster's threads."""
