@@ -45,7 +45,9 @@ chunks; PUTs always write new keys (a repeated key is a no-op for kvgw). Each PU
 followed by a DELETE of what it stored (kvgw and the PUT sink: a DELETE request on the same connection,
 timed with the PUT; the raw loop: unlink), so writes reuse page-cache pages as a store in steady state
 does; ``--keep-puts`` keeps every chunk until the measurement ends instead. Reads are served from the
-page cache (everything was just written); this measures the serving path, not the disk.
+page cache (everything was just written); this measures the serving path, not the disk. Before the
+rounds, the **idle phase** watches kvgw and nginx for ``IDLE_SECONDS`` with no request: the CPU an idle
+gateway's background work takes from the engines on its host.
 
 Exit status: 0 when every target passes and no request failed, 1 otherwise, 2 on a usage error.
 """
@@ -99,6 +101,7 @@ META_KEYS = 64  # keys per exists / prefix call, and HEAD targets
 META_CHUNK_BYTES = 4096
 RSS_CLIENTS = 32
 RSS_CHUNK = 32 * MiB
+IDLE_SECONDS = 5.0  # the idle phase: how long the gateway and nginx are watched with no request (1 s with --quick)
 RSS_LIMIT_BYTES = 400 * 10**6
 BATCH_CHUNKS = 16  # one batch-get of 16 warm 8 MiB chunks against one socket stream (issue 14, item 2)
 BATCH_CHUNK = 8 * MiB
@@ -570,6 +573,20 @@ class Bench:
                        errors=one.errors + many.errors)
         return out
 
+    def idle_phase(self) -> dict[str, float]:
+        """The CPU the gateway and nginx spend with no request over ``IDLE_SECONDS``, in ms per second:
+        what an idle gateway's background work (cluster feed, read-lease syncs, lifecycle) takes from
+        the engines on its host."""
+        seconds = self.idle_seconds()
+        servers = {KVGW: self.kvgw.pids, NGINX: self.nginx.pids}
+        before = {name: procstat.total_cpu_seconds(pids()) for name, pids in servers.items()}
+        time.sleep(seconds)
+        return {name: (procstat.total_cpu_seconds(pids()) - before[name]) / seconds * 1e3
+                for name, pids in servers.items()} | {"seconds": seconds}
+
+    def idle_seconds(self) -> float:
+        return 1.0 if self.args.quick else IDLE_SECONDS
+
     def rss_phase(self) -> dict[str, Any]:
         """VmHWM (peak RSS) and sampled VmRSS of the gateway while RSS_CLIENTS clients GET RSS_CHUNK
         chunks at once. The peak is reset (clear_refs) just before, so earlier phases do not count."""
@@ -815,7 +832,8 @@ def fmt_ratio(r: float | None) -> str:
 
 
 def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], Figure], args: argparse.Namespace,
-           tgts: list[Target], rss: dict[str, Any] | None, selfcheck: dict[str, Any]) -> str:
+           tgts: list[Target], rss: dict[str, Any] | None, selfcheck: dict[str, Any],
+           idle: dict[str, float] | None = None) -> str:
     lines: list[str] = []
     add = lines.append
     rows: list[str] = []
@@ -951,6 +969,10 @@ def report(samples: Sequence[Sample], figures: dict[tuple[str, str, int, int], F
             f"{rss['rss_sampled_median'] / MiB:.0f} MiB (anon max {rss['rss_anon_sampled_max'] / MiB:.0f} MiB), "
             f"idle before {rss['rss_before'] / MiB:.0f} MiB")
         add("")
+    if idle is not None:
+        add(f"Idle, no request for {idle['seconds']:g} s: {KVGW} spent {idle[KVGW]:.1f} ms of CPU per second, "
+            f"{NGINX} {idle[NGINX]:.1f} (CPU time is counted in ticks of {1e3 / os.sysconf('SC_CLK_TCK'):g} ms)")
+        add("")
     others = [s.others_cores for s in samples]
     steal = [s.steal_cores for s in samples]
     sink = ""
@@ -1080,6 +1102,7 @@ def main(argv: list[str]) -> int:
         if "batch" in args.ops:
             bench.preload_batch()
         selfcheck = bench.selfcheck()
+        idle = bench.idle_phase()
         cells = bench.cells()
         for rnd in range(args.rounds):
             t0 = time.monotonic()
@@ -1092,7 +1115,7 @@ def main(argv: list[str]) -> int:
         samples = bench.samples
         figures = summarise(samples)
         tgts = targets(samples, rss)
-        text = report(samples, figures, args, tgts, rss, selfcheck)
+        text = report(samples, figures, args, tgts, rss, selfcheck, idle)
         print()
         print(text)
         finished = dt.datetime.now(dt.UTC)
@@ -1112,6 +1135,7 @@ def main(argv: list[str]) -> int:
                 "samples": [s.as_dict() for s in samples],
                 "medians": [f.as_dict() for f in figures.values()],
                 "rss": rss,
+                "idle_cpu_ms_per_s": idle,
                 "targets": [t.as_dict() for t in tgts],
             }
             args.json.write_text(json.dumps(doc, indent=1) + "\n")

@@ -52,4 +52,7 @@ def test_put_cells_measure_every_target_and_leave_nothing(tmp_path: Path, mode: 
         deletes = sample["statuses"].get("204", 0)
         assert sample["statuses"].get("201") == sample["ops"]  # every PUT stored a new chunk...
         assert deletes == (0 if keep else sample["ops"])  # ... and, recycled, was deleted in the same op
+    idle = doc["idle_cpu_ms_per_s"]  # the idle phase watched both servers for 1 s (--quick) with no request
+    assert set(idle) == {io.KVGW, io.NGINX, "seconds"} and idle["seconds"] == 1.0
+    assert idle[io.KVGW] < 500, idle  # an idle gateway busy half a core is a loop gone wrong
     assert not list(tmp_path.glob("kvgw-bench-io-*"))  # the work dir (chunks, files) is gone
