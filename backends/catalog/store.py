@@ -13,10 +13,9 @@ import secrets
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import create_engine, delete, event, select
+from sqlalchemy import create_engine, delete, event, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
@@ -24,6 +23,9 @@ from sqlalchemy.orm import sessionmaker
 from backends.catalog.models import Bucket, CatalogMeta, Credential, Grant
 from backends.catalog.secrets import SecretBox, SecretBoxError
 from backends.tiers import TierId
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 
 class CatalogConflict(Exception):
@@ -127,7 +129,17 @@ def migrations_dir() -> str:
     return str(importlib.resources.files("migrations"))
 
 
+def head_revision() -> str:
+    """The newest migration's revision, read from the file names without loading Alembic: revisions are
+    numbered in order with one head (``tests/integration/test_catalog.py::test_one_head`` holds
+    Alembic's own head to this)."""
+    names = (entry.name for entry in importlib.resources.files("migrations").joinpath("versions").iterdir())
+    return max(name.split("_", 1)[0] for name in names if name[:1].isdigit() and name.endswith(".py"))
+
+
 def alembic_config(url: str) -> Config:
+    from alembic.config import Config  # imported here: a gateway's start needs Alembic only to migrate
+
     cfg = Config()
     cfg.set_main_option("script_location", migrations_dir())
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -186,11 +198,24 @@ class Catalog:
         self._box = box
 
     def upgrade(self) -> None:
-        """Apply every pending Alembic migration (idempotent)."""
+        """Apply every pending Alembic migration (idempotent). A catalog at ``head_revision`` already
+        (every start after the first) is left as it is without loading Alembic: its imports are a third
+        of a gateway's start (0.3-0.5 s on these VMs)."""
+        if self.revisions() == [head_revision()]:
+            return
+        from alembic import command
+
         cfg = alembic_config(self.url)
         with self.engine.begin() as conn:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
+
+    def revisions(self) -> list[str]:
+        """The revisions the catalog records (``alembic_version``; none before the first migration)."""
+        with self.engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return []
+            return [str(v) for v in conn.execute(text("SELECT version_num FROM alembic_version")).scalars()]
 
     def close(self) -> None:
         self.engine.dispose()
