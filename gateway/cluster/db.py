@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from backends.catalog.models import CatalogMeta, ChunkEvent, ClusterLease, ClusterMember, FeedHead, TierUsage
 from backends.catalog.store import make_engine
+from backends.fileio import LOCAL_FILESYSTEMS, filesystem_type
 
 T = TypeVar("T")
 
@@ -66,13 +67,17 @@ class ClusterDB:
             self.engine = make_engine(url)
         self.postgres = self.engine.dialect.name == "postgresql"
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgw-cluster")
+        self._marked: str | None = None  # change_mark: the database file, once found on a local filesystem
+        self._unmarkable = self.postgres  # change_mark: never (PostgreSQL, a network filesystem)
 
     def change_mark(self) -> tuple[tuple[int, int, int], tuple[int, int, int] | None] | None:
         """SQLite: a stamp of the database's files (the main file and its write-ahead log: inode, size,
         modification time) that moves with every commit of any process, read with two ``stat`` calls on
         the calling thread (cheap enough for the event loop). None on PostgreSQL (it notifies instead)
-        and for a database no file at its name holds (in memory, an URI filename). A poller compares
-        two stamps to skip a query while nothing was committed in between.
+        and for a database no file at its name holds (in memory, an URI filename) or one on a network
+        filesystem (a ``stat`` there may wait for a server: the event loop must not; the caller then
+        queries as before). A poller compares two stamps to skip a query while nothing was committed in
+        between.
 
         A commit shows as a new stamp when the filesystem dates it apart from the commit before the
         last stamp was read: a write-ahead log that was restarted keeps its size, so its modification
@@ -80,13 +85,18 @@ class ClusterDB:
         tmpfs once a ``stat`` has looked; with coarser ones (a tick of a few milliseconds) a commit
         right after another may go unseen until the next commit, so a caller keeps an unconditional
         read of its own now and then (the lease syncer's every ``sync_seconds``)."""
-        if self.postgres:
+        if self._unmarkable:
             return None
-        database = self.engine.url.database
-        main = _file_mark(database) if database else None
-        if main is None:  # in memory, or a name that is not a path (an URI filename)
-            return None
-        return (main, _file_mark(f"{database}-wal"))
+        if self._marked is None:
+            database = self.engine.url.database
+            if not database or _file_mark(database) is None:  # in memory, an URI filename, not created yet
+                return None
+            if filesystem_type(database) not in LOCAL_FILESYSTEMS:
+                self._unmarkable = True
+                return None
+            self._marked = database
+        main = _file_mark(self._marked)
+        return None if main is None else (main, _file_mark(f"{self._marked}-wal"))
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking database call in the cluster's threads."""

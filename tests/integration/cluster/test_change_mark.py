@@ -5,6 +5,8 @@ when the mark moved (an idle gateway used to read it 20 times a second)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from gateway.cluster.db import HEAD, ClusterDB
 from gateway.leases import book as lease_book
 from gateway.leases.book import LeaseBook
 from tests.conftest import wait_for_async
+from tests.requirements import require_or_skip
 
 
 @pytest.fixture
@@ -66,6 +69,27 @@ def test_a_database_no_file_holds_has_no_mark(pg_url: str) -> None:
             assert db.change_mark() is None
         finally:
             db.engine.dispose()
+
+
+def test_a_database_on_a_network_filesystem_has_no_mark(tmp_path: Path) -> None:
+    """No ``stat`` on the event loop where it may wait for a server: a FUSE view (bindfs, as the cluster
+    tests give each gateway one) stands for NFS; the same file seen directly has a mark."""
+    if shutil.which("bindfs") is None or not Path("/dev/fuse").exists():
+        require_or_skip("bindfs (Debian package bindfs) and /dev/fuse are needed for a FUSE view")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "catalog.sqlite").write_bytes(b"")
+    view = tmp_path / "view"
+    view.mkdir()
+    subprocess.run(["bindfs", str(tmp_path / "real"), str(view)], check=True, capture_output=True, timeout=30)
+    try:
+        for where, marked in ((view, False), (tmp_path / "real", True)):
+            db = ClusterDB(f"sqlite:///{where / 'catalog.sqlite'}")
+            try:
+                assert (db.change_mark() is not None) is marked, where
+            finally:
+                db.engine.dispose()
+    finally:
+        subprocess.run(["umount", "-l", str(view)], check=False, capture_output=True, timeout=30)
 
 
 async def test_the_lease_syncer_reads_the_head_only_after_a_commit(url: str, other: Engine,
