@@ -199,8 +199,8 @@ class Catalog:
 
     def upgrade(self) -> None:
         """Apply every pending Alembic migration (idempotent). A catalog at ``head_revision`` already
-        (every start after the first) is left as it is without loading Alembic: its imports are a third
-        of a gateway's start (0.3-0.5 s on these VMs)."""
+        (every start after the first) is left as it is without loading Alembic: its imports are about a
+        quarter of a gateway's (``python -X importtime``: 0.46 of 1.7 s on session 36's VM)."""
         if self.revisions() == [head_revision()]:
             return
         from alembic import command
