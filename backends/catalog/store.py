@@ -200,7 +200,7 @@ class Catalog:
     def upgrade(self) -> None:
         """Apply every pending Alembic migration (idempotent). A catalog at ``head_revision`` already
         (every start after the first) is left as it is without loading Alembic: its imports are about a
-        quarter of a gateway's (``python -X importtime``: 0.46 of 1.7 s on session 36's VM)."""
+        quarter of a gateway's (``python -X importtime``: 0.46 of 1.7 s on the development VM)."""
         if self.revisions() == [head_revision()]:
             return
         from alembic import command
