@@ -40,7 +40,7 @@ def other(url: str) -> Iterator[Engine]:
 
 
 def _commit(engine: Engine) -> None:
-    """One commit that changes a row (a claim logged by another process moves lease_head the same way)."""
+    """One commit that changes a row, the feed head's (a claim moves the database's files alike)."""
     with engine.begin() as conn:
         conn.execute(update(HEAD).where(HEAD.c.id == 1).values(seq=HEAD.c.seq + 1))
 
