@@ -26,6 +26,18 @@ FUSE_CACHE = "entry_timeout=3,negative_timeout=3,attr_timeout=3"
 
 
 @pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A migrated SQLite catalog in ``tmp_path`` (the embedded default's database), by URL."""
+    from backends.catalog.store import Catalog
+
+    url = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+    catalog = Catalog(url, None)
+    catalog.upgrade()
+    catalog.close()
+    return url
+
+
+@pytest.fixture
 def cluster_env(pg_url: str, tmp_path: Path) -> dict[str, str]:
     """What every gateway of the cluster shares: the directory, the catalog and its key."""
     return {

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
-from backends.catalog.store import Catalog, make_engine
+from backends.catalog.store import make_engine
 from gateway.cluster.db import HEAD, ClusterDB
 from gateway.leases import book as lease_book
 from gateway.leases.book import LeaseBook
@@ -23,12 +23,8 @@ from tests.requirements import require_or_skip
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
-    catalog = Catalog(url, None)
-    catalog.upgrade()
-    catalog.close()
-    return url
+def url(sqlite_url: str) -> str:
+    return sqlite_url
 
 
 @pytest.fixture

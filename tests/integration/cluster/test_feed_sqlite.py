@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from backends.catalog.store import Catalog
 from backends.index import ChunkIndex
 from backends.tiers import TierId
 from gateway.chunks import ChunkInfo, NoEvents
@@ -31,12 +30,8 @@ from kvgw_client.keys import chunk_digest
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> ClusterDB:
-    url = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
-    catalog = Catalog(url, None)
-    catalog.upgrade()
-    catalog.close()
-    return ClusterDB(url)
+def db(sqlite_url: str) -> ClusterDB:
+    return ClusterDB(sqlite_url)
 
 
 def stored(key: str, size: int = 100, created: float = 1000.0, tier: TierId = TierId.FS) -> FeedEvent:
